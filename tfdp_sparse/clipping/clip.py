@@ -1,0 +1,158 @@
+"""Per-example clipping from one backward pass to the layer activations.
+
+Given the per-example loss vector, the tape that recorded the forward pass
+and the taps the layers reported, :func:`clip_gradients` returns
+
+* ``sum_i clip(g_i, C)`` for every trainable variable — ``tf.IndexedSlices``
+  for embedding tables (only the looked-up rows), dense tensors otherwise —
+  where ``clip(x, C) = x * min(1, C / ||x||)`` and the norm is taken over
+  *all* variables of the example together (DESIGN §2);
+* the per-example norms before clipping.
+
+With ``clip_norm=None`` (non-private training) no norms are computed and the
+result is the ordinary gradient of ``sum_i loss_i`` (still sparse for tables).
+
+Cost: one backward pass to the taps, then O(B * (L d + in + out)) work per
+layer; nothing is proportional to a table's vocabulary.
+
+Example::
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))    # shape [B]
+    result = clip_gradients(loss, tape, model.trainable_variables,
+                            taps.take(), clip_norm=1.0)
+    result.grads[0]          # IndexedSlices for an embedding table
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence, Union
+
+import tensorflow as tf
+
+from tfdp_sparse.clipping import dense as dense_norms
+from tfdp_sparse.clipping import embedding as embedding_norms
+from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, Tap
+
+Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClippedGradients:
+    """Summed clipped gradients aligned with the variables.
+
+    Attributes:
+      grads: one entry per variable: ``tf.IndexedSlices`` (tables), a dense
+        tensor, or ``None`` for variables the loss does not depend on.
+      is_table: per variable, whether it is an embedding table (sparse).
+      norms: per-example gradient norms before clipping ``[B]`` (``None``
+        when clipping is off).
+      batch_size: the number of examples in the batch (int32 scalar).
+    """
+
+    grads: list[Gradient]
+    is_table: list[bool]
+    norms: Optional[tf.Tensor]
+    batch_size: tf.Tensor
+
+
+class UnsupportedLayerError(ValueError):
+    """A trainable variable has no per-example clipping rule."""
+
+
+def validate_clip_norm(clip_norm: Optional[float]) -> None:
+    if clip_norm is not None and not clip_norm > 0:
+        raise ValueError(f"l2_norm_clip must be > 0 (the per-example clipping bound C), got {clip_norm!r}")
+
+
+def _check_loss(per_example_loss: tf.Tensor) -> None:
+    if per_example_loss.shape.rank != 1:
+        raise ValueError(
+            "private training needs one loss per example (a vector of shape [B]), got shape "
+            f"{per_example_loss.shape}. Compile with a per-example loss, e.g. "
+            "tf.keras.losses.BinaryCrossentropy(reduction=tf.keras.losses.Reduction.NONE), "
+            "and no regularisation losses."
+        )
+
+
+def clip_gradients(
+    per_example_loss: tf.Tensor,
+    tape: tf.GradientTape,
+    variables: Sequence[tf.Variable],
+    recorded: Sequence[Tap],
+    clip_norm: Optional[float],
+) -> ClippedGradients:
+    """Summed per-example-clipped gradients of ``variables`` (see module doc)."""
+    validate_clip_norm(clip_norm)
+    _check_loss(per_example_loss)
+    keys = [v.ref() for v in variables]
+    wanted = set(keys)
+    table_taps: dict = {}
+    dense_taps: dict = {}
+    for tap in recorded:
+        if isinstance(tap, EmbeddingTap) and tap.table.ref() in wanted:
+            table_taps.setdefault(tap.table.ref(), []).append(tap)
+        elif isinstance(tap, DenseTap) and tap.kernel.ref() in wanted:
+            dense_taps.setdefault(tap.kernel.ref(), []).append(tap)
+    covered = set(table_taps) | set(dense_taps)
+    covered |= {t[0].bias.ref() for t in dense_taps.values() if t[0].bias is not None}
+    uncovered = [v for v in variables if v.ref() not in covered]
+
+    flat_taps = [t for group in list(table_taps.values()) + list(dense_taps.values()) for t in group]
+    sources = [t.rows if isinstance(t, EmbeddingTap) else t.preactivation for t in flat_taps]
+    all_grads = tape.gradient(
+        per_example_loss,
+        sources + uncovered,
+        unconnected_gradients=tf.UnconnectedGradients.NONE,
+    )
+    tap_grads = dict(zip([id(t) for t in flat_taps], all_grads[: len(sources)]))
+    connected_uncovered = [v.name for v, g in zip(uncovered, all_grads[len(sources):]) if g is not None]
+    if connected_uncovered:
+        raise UnsupportedLayerError(
+            "per-example clipping has no rule for variables "
+            f"{connected_uncovered}: supported layers are tf.keras.layers.Dense (dense inputs), "
+            "tf.keras.layers.Embedding and tfdp_sparse.layers.DPEmbedding"
+        )
+
+    def live(group):
+        pairs = [(t, tap_grads[id(t)]) for t in group if tap_grads[id(t)] is not None]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    groups = []  # (kind, key, taps, grads)
+    for key, group in table_taps.items():
+        t, g = live(group)
+        if t:
+            groups.append(("table", key, t, g))
+    for key, group in dense_taps.items():
+        t, g = live(group)
+        if t:
+            groups.append(("dense", key, t, g))
+
+    batch_size = tf.shape(per_example_loss)[0]
+    if clip_norm is None:
+        norms = None
+        scale = tf.ones([batch_size], tf.float32)
+    else:
+        squared = tf.zeros([batch_size], tf.float32)
+        for kind, _, t, g in groups:
+            module = embedding_norms if kind == "table" else dense_norms
+            squared += module.squared_norms(t, g)
+        norms = tf.sqrt(squared)
+        scale = tf.minimum(1.0, clip_norm / tf.maximum(norms, 1e-12))
+
+    by_key: dict = {}
+    for kind, key, t, g in groups:
+        if kind == "table":
+            by_key[key] = embedding_norms.clipped_gradient(t, g, scale)
+        else:
+            kernel, bias = dense_norms.clipped_gradients(t, g, scale)
+            by_key[key] = kernel
+            if bias is not None:
+                by_key[t[0].bias.ref()] = bias
+    return ClippedGradients(
+        grads=[by_key.get(k) for k in keys],
+        is_table=[k in table_taps for k in keys],
+        norms=norms,
+        batch_size=batch_size,
+    )

@@ -1,0 +1,76 @@
+"""Ghost norms and clipped gradients for affine (``Dense``) layers.
+
+For ``z = a @ W + b`` with example inputs ``a_i`` of shape ``[T, in]`` (``T = 1``
+for ordinary ``[B, in]`` inputs) and activation gradients
+``delta_i = d loss_i / d z_i`` of shape ``[T, out]``:
+
+* kernel: ``g_i = a_i^T delta_i`` and, for ``T = 1``,
+  ``||g_i||^2 = ||a_i||^2 ||delta_i||^2`` (Goodfellow 2015); for ``T > 1``
+  ``||g_i||^2 = <a_i a_i^T, delta_i delta_i^T>_F`` (Li et al. 2022), or the
+  materialised per-example gradient when ``in * out < T^2``;
+* bias: ``||sum_t delta_{i,t}||^2``.
+
+A layer called several times in one forward pass (shared weights) is one
+variable: its calls are concatenated along ``T`` so cross terms are exact.
+The clipped gradient is ``sum_i c_i a_i^T delta_i`` — one matmul, no
+per-example gradients.
+
+Example (``T = 1``): ``a_i = [3, 4]``, ``delta_i = [1, 0, 0]`` give
+``||g_i||^2 = 25 * 1 = 25`` for the kernel and ``1`` for the bias.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from tfdp_sparse.clipping.taps import DenseTap
+
+
+def _stack(tap_list: Sequence[DenseTap], grads: Sequence[tf.Tensor]):
+    a_list, d_list = [], []
+    for tap, grad in zip(tap_list, grads):
+        batch = tf.shape(tap.inputs)[0]
+        a_list.append(tf.reshape(tf.cast(tap.inputs, tf.float32), [batch, -1, tap.inputs.shape[-1]]))
+        d_list.append(tf.reshape(tf.cast(grad, tf.float32), [batch, -1, tap.preactivation.shape[-1]]))
+    if len(a_list) == 1:
+        return a_list[0], d_list[0]
+    return tf.concat(a_list, axis=1), tf.concat(d_list, axis=1)
+
+
+def _is_single_position(tap_list: Sequence[DenseTap]) -> bool:
+    return len(tap_list) == 1 and tap_list[0].inputs.shape.rank == 2
+
+
+def squared_norms(tap_list: Sequence[DenseTap], grads: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Per-example squared norm ``[B]`` of the layer's kernel and bias gradient."""
+    a, delta = _stack(tap_list, grads)
+    has_bias = tap_list[0].bias is not None
+    if _is_single_position(tap_list):
+        a2 = tf.reduce_sum(tf.square(a), axis=[1, 2])
+        d2 = tf.reduce_sum(tf.square(delta), axis=[1, 2])
+        return a2 * d2 + (d2 if has_bias else 0.0)
+    fan_in, fan_out = int(a.shape[-1]), int(delta.shape[-1])
+    positions = a.shape[1]
+    if positions is not None and fan_in * fan_out < positions * positions:
+        per_example = tf.einsum("bti,bto->bio", a, delta)
+        kernel_sq = tf.reduce_sum(tf.square(per_example), axis=[1, 2])
+    else:
+        gram_a = tf.einsum("bti,bsi->bts", a, a)
+        gram_d = tf.einsum("bto,bso->bts", delta, delta)
+        kernel_sq = tf.reduce_sum(gram_a * gram_d, axis=[1, 2])
+    if not has_bias:
+        return kernel_sq
+    return kernel_sq + tf.reduce_sum(tf.square(tf.reduce_sum(delta, axis=1)), axis=1)
+
+
+def clipped_gradients(
+    tap_list: Sequence[DenseTap], grads: Sequence[tf.Tensor], scale: tf.Tensor
+) -> tuple[tf.Tensor, Optional[tf.Tensor]]:
+    """``(sum_i c_i a_i^T delta_i, sum_i c_i sum_t delta_{i,t})``."""
+    a, delta = _stack(tap_list, grads)
+    weighted = delta * tf.cast(scale, delta.dtype)[:, tf.newaxis, tf.newaxis]
+    kernel = tf.einsum("bti,bto->io", a, weighted)
+    bias = tf.reduce_sum(weighted, axis=[0, 1]) if tap_list[0].bias is not None else None
+    return kernel, bias

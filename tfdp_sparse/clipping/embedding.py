@@ -1,0 +1,81 @@
+"""Ghost norms and clipped gradients for embedding lookups.
+
+For example ``i`` whose lookups ``l = 1..L`` hit ids ``id_{i,l}`` and whose
+loss has gradient ``delta_{i,l} = d loss_i / d rows_{i,l}`` (one backward pass
+of ``sum_i loss_i`` to the gathered rows gives all of them), the example's
+gradient of the table is ``delta_{i,l}`` placed at row ``id_{i,l}``, *summed*
+over repeated ids. Its squared norm is therefore
+
+    ||g_i||^2 = sum_{r} || sum_{l: id_{i,l} = r} delta_{i,l} ||^2 ,
+
+computed here with one ``unique`` over ``(example, id)`` keys: O(B L d), never
+O(V). The clipped gradient of ``sum_i c_i loss_i`` is the sparse
+``IndexedSlices(c_i delta_{i,l}, id_{i,l})`` over the valid (non-padding)
+lookups — exactly what the backward pass of the re-weighted loss would give.
+
+Example (one example, ids [3, 3, 5], d = 1, delta = [1, 2, 2])::
+
+    ||g||^2 = (1 + 2)^2 + 2^2 = 13      # rows 3 and 5
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from tfdp_sparse.clipping.taps import EmbeddingTap
+
+
+def _stack(tap_list: Sequence[EmbeddingTap], grads: Sequence[tf.Tensor]):
+    """Concatenates the lookups of all taps of one table along the L axis."""
+    ids, deltas = [], []
+    dim = tap_list[0].table.shape[-1]
+    for tap, grad in zip(tap_list, grads):
+        batch = tf.shape(tap.ids)[0]
+        ids.append(tap.ids)
+        deltas.append(tf.reshape(tf.cast(grad, tf.float32), [batch, -1, dim]))
+    if len(ids) == 1:
+        return ids[0], deltas[0]
+    return tf.concat(ids, axis=1), tf.concat(deltas, axis=1)
+
+
+def squared_norms(tap_list: Sequence[EmbeddingTap], grads: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Per-example squared norm ``[B]`` of one table's gradient."""
+    ids, delta = _stack(tap_list, grads)
+    batch = tf.shape(ids, out_type=tf.int64)[0]
+    if ids.shape[1] == 1:  # single-id lookups: no repeats possible
+        return tf.reduce_sum(tf.square(delta), axis=[1, 2])
+    vocab = tf.constant(int(tap_list[0].table.shape[0]), tf.int64)
+    valid = ids >= 0
+    example = tf.broadcast_to(tf.range(batch)[:, tf.newaxis], tf.shape(ids, out_type=tf.int64))
+    keys = tf.boolean_mask(example * vocab + ids, valid)
+    values = tf.boolean_mask(delta, valid)
+    unique_keys, position = tf.unique(keys)
+    per_row = tf.math.unsorted_segment_sum(values, position, tf.size(unique_keys))
+    per_row_sq = tf.reduce_sum(tf.square(per_row), axis=1)
+    return tf.math.unsorted_segment_sum(per_row_sq, unique_keys // vocab, batch)
+
+
+def clipped_gradient(
+    tap_list: Sequence[EmbeddingTap], grads: Sequence[tf.Tensor], scale: tf.Tensor
+) -> tf.IndexedSlices:
+    """``sum_i scale_i g_i`` as ``IndexedSlices`` over the valid lookups.
+
+    Indices may repeat (one entry per lookup); optimizers' ``scatter_sub``
+    and the mechanisms sum repeats.
+    """
+    ids, delta = _stack(tap_list, grads)
+    table = tap_list[0].table
+    weighted = delta * tf.cast(scale, delta.dtype)[:, tf.newaxis, tf.newaxis]
+    dim = int(table.shape[-1])
+    flat_ids = tf.reshape(ids, [-1])
+    flat_values = tf.reshape(weighted, [-1, dim])
+    if any(not isinstance(t.ids, tf.Tensor) or t.ids.dtype != tf.int64 for t in tap_list):
+        raise TypeError("embedding taps must carry int64 ids")
+    valid = flat_ids >= 0
+    return tf.IndexedSlices(
+        values=tf.boolean_mask(flat_values, valid),
+        indices=tf.boolean_mask(flat_ids, valid),
+        dense_shape=tf.constant(table.shape.as_list(), tf.int64),
+    )

@@ -1,0 +1,105 @@
+"""Taps: the activations a private step needs, recorded during the forward pass.
+
+Per-example clipping without per-example gradients ("ghost clipping",
+Goodfellow 2015; Li et al. 2022; TF Privacy's ``fast_gradient_clipping``)
+needs, for every trainable layer, the tensors on each side of its weights:
+
+* a lookup (``Embedding`` / :class:`tfdp_sparse.layers.DPEmbedding`): the
+  looked-up ids ``[B, L]`` and the gathered rows ``[B, L, d]``;
+* a ``Dense`` layer: its input ``a`` and its pre-activation output ``z``.
+
+One backward pass of ``sum_i loss_i`` to ``rows`` and ``z`` gives every
+example's activation gradient; per-example norms and the *clipped* weight
+gradients are then assembled from those (no second backward pass).
+
+Layers report taps with :func:`record`; they do so only while a
+``tf.GradientTape`` is recording, so inference costs nothing. Taps are kept
+per graph (one list per traced ``tf.function``, one for eager mode) and taken
+by the private step with :func:`take`.
+
+Example::
+
+    with tf.GradientTape() as tape:
+        logits = model(x, training=True)      # layers call taps.record(...)
+        loss = per_example_loss(y, logits)
+    recorded = taps.take()                     # [EmbeddingTap, DenseTap, ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from typing import Optional, Union
+
+import tensorflow as tf
+from tensorflow.python.eager import record as _tape_record
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingTap:
+    """One lookup into a table.
+
+    Attributes:
+      table: the embedding variable ``[V, d]``.
+      ids: int ids ``[B, L]``; negative ids are padding (no lookup happened).
+      rows: the gathered rows ``[B, L, d]`` on the gradient path (the
+        gradient source of this tap).
+      owner: the layer that made the lookup (for error messages).
+    """
+
+    table: tf.Variable
+    ids: tf.Tensor
+    rows: tf.Tensor
+    owner: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseTap:
+    """One call of an affine layer ``z = a @ kernel + bias``.
+
+    Attributes:
+      kernel: the ``[in, out]`` kernel variable.
+      bias: the ``[out]`` bias variable or ``None``.
+      inputs: ``a`` with shape ``[B, ..., in]``.
+      preactivation: ``z`` with shape ``[B, ..., out]`` (gradient source).
+      owner: the layer's name.
+    """
+
+    kernel: tf.Variable
+    bias: Optional[tf.Variable]
+    inputs: tf.Tensor
+    preactivation: tf.Tensor
+    owner: str
+
+
+Tap = Union[EmbeddingTap, DenseTap]
+
+_LOCK = threading.Lock()
+_TAPS: "weakref.WeakKeyDictionary[tf.Graph, list[Tap]]" = weakref.WeakKeyDictionary()
+
+
+def is_recording() -> bool:
+    """True when a gradient tape could record the ops being built now."""
+    return bool(_tape_record.could_possibly_record())
+
+
+def record(tap: Tap) -> None:
+    """Stores ``tap`` for the private step of the current graph (if taped)."""
+    if not is_recording():
+        return
+    graph = tf.compat.v1.get_default_graph()
+    with _LOCK:
+        _TAPS.setdefault(graph, []).append(tap)
+
+
+def take() -> list[Tap]:
+    """Returns and forgets the taps recorded in the current graph."""
+    graph = tf.compat.v1.get_default_graph()
+    with _LOCK:
+        return _TAPS.pop(graph, [])
+
+
+def clear() -> None:
+    """Forgets the taps of the current graph (e.g. after an aborted step)."""
+    take()

@@ -1,0 +1,76 @@
+"""Settings, split by what they change.
+
+``PrivacyConfig`` holds everything that changes the privacy guarantee (which
+algorithm, sigma, C, delta, sampling, selection knobs); ``PerformanceConfig``
+holds what only changes speed. Keeping them apart lets a run be re-tuned for
+speed without touching, or re-accounting, its guarantee.
+
+Example::
+
+    privacy = PrivacyConfig(algorithm="dpsgd", noise_multiplier=1.1,
+                            l2_norm_clip=1.0, delta=1e-6)
+    privacy.validate()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+SAMPLING_MODES = ("poisson", "shuffle")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyConfig:
+    """Privacy-relevant settings of a run.
+
+    Attributes:
+      algorithm: mechanism name (see ``tfdp_sparse.mechanisms.ALGORITHMS``).
+      noise_multiplier: sigma (ignored for ``sgd``); calibrated from
+        ``target_epsilon`` when that is set.
+      l2_norm_clip: per-example clipping bound C.
+      delta: target delta; ``None`` means 1/N of the training set.
+      target_epsilon: budget; training stops before exceeding it.
+      sampling: ``"poisson"`` (what the accounting assumes) or ``"shuffle"``
+        (fixed-size shuffled batches: the usual approximation, labelled so).
+      accountant: ``"pld"`` (tight, default) or ``"rdp"``.
+      extra: algorithm-specific knobs (k, tau, sigma1, ...), as a tuple of
+        ``(name, value)`` pairs so the config stays hashable.
+    """
+
+    algorithm: str = "dpsgd"
+    noise_multiplier: float = 1.0
+    l2_norm_clip: float = 1.0
+    delta: Optional[float] = None
+    target_epsilon: Optional[float] = None
+    sampling: str = "poisson"
+    accountant: str = "pld"
+    extra: tuple = ()
+
+    def validate(self) -> "PrivacyConfig":
+        if not math.isfinite(self.noise_multiplier) or self.noise_multiplier < 0:
+            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier!r}")
+        if not math.isfinite(self.l2_norm_clip) or self.l2_norm_clip <= 0:
+            raise ValueError(f"l2_norm_clip must be > 0, got {self.l2_norm_clip!r}")
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
+        if self.target_epsilon is not None and not self.target_epsilon > 0:
+            raise ValueError(f"target_epsilon must be > 0, got {self.target_epsilon!r}")
+        if self.sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}")
+        if self.accountant not in ("pld", "rdp"):
+            raise ValueError(f"accountant must be 'pld' or 'rdp', got {self.accountant!r}")
+        return self
+
+    def knob(self, name: str, default=None):
+        return dict(self.extra).get(name, default)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerformanceConfig:
+    """Settings that change speed only (never the privacy guarantee)."""
+
+    jit_compile: bool = False
+    prefetch: int = 2
+    log_every: int = 50

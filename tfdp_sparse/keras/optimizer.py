@@ -1,0 +1,120 @@
+"""The Keras face: a DP optimizer for ``model.compile`` and custom loops.
+
+``DPOptimizer`` is a ``tf.keras.optimizers.SGD`` whose ``minimize`` (called
+by ``Model.train_step`` with the per-example loss and the tape) performs the
+private step:
+
+1. per-example norms from the activation gradients of one backward pass
+   (:mod:`tfdp_sparse.clipping`), clipping to ``C``;
+2. the mechanism's noise (:mod:`tfdp_sparse.mechanisms`);
+3. division by the expected batch size ``B`` and a plain SGD update —
+   ``scatter_sub`` of the touched rows when the mechanism keeps a table
+   sparse, a dense update when it does not (DP-SGD).
+
+It needs one loss per example: compile with ``reduction=NONE``.
+
+Example::
+
+    opt = DPOptimizer(DPSGD(noise_multiplier=1.0, l2_norm_clip=1.0),
+                      learning_rate=0.1, expected_batch_size=256)
+    model.compile(optimizer=opt,
+                  loss=tf.keras.losses.BinaryCrossentropy(
+                      from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
+    model.fit(dataset, epochs=1)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from tfdp_sparse.clipping import keras_layers, taps
+from tfdp_sparse.clipping.clip import clip_gradients
+from tfdp_sparse.mechanisms.base import Mechanism
+
+keras_layers.install()
+
+_REFUSED_KWARGS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
+
+
+def _scale(grad, factor):
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor
+
+
+class DPOptimizer(tf.keras.optimizers.SGD):
+    """SGD whose ``minimize`` clips per example and applies a mechanism's noise.
+
+    Args:
+      mechanism: the update rule (non-private, DP-SGD, a sparse mechanism).
+      learning_rate: float or ``LearningRateSchedule``.
+      expected_batch_size: ``B`` of the update ``theta -= lr * G / B``. Set it
+        for Poisson sampling (the batch size varies; DP needs the fixed
+        expectation); ``None`` divides by the actual batch size.
+      momentum: SGD momentum; must be 0 for mechanisms that need plain SGD
+        on tables (the mechanism refuses otherwise).
+    """
+
+    def __init__(
+        self,
+        mechanism: Mechanism,
+        learning_rate=0.01,
+        expected_batch_size: Optional[int] = None,
+        momentum: float = 0.0,
+        name: str = "DPOptimizer",
+        **kwargs,
+    ):
+        for key in _REFUSED_KWARGS:
+            if kwargs.get(key) not in (None, False):
+                raise ValueError(
+                    f"DPOptimizer does not support {key}={kwargs[key]!r}: it would change the "
+                    "per-example sensitivity the privacy analysis relies on"
+                )
+        if not isinstance(mechanism, Mechanism):
+            raise TypeError(f"mechanism must be a tfdp_sparse Mechanism, got {type(mechanism).__name__}")
+        if expected_batch_size is not None and (int(expected_batch_size) != expected_batch_size or expected_batch_size < 1):
+            raise ValueError(f"expected_batch_size must be a positive integer, got {expected_batch_size!r}")
+        super().__init__(learning_rate=learning_rate, momentum=momentum, name=name, **kwargs)
+        self.mechanism = mechanism
+        self.expected_batch_size = expected_batch_size
+        check = getattr(mechanism, "check_optimizer", None)
+        if check is not None:
+            check(self)
+        self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
+        self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
+
+    def private_step(self, per_example_loss: tf.Tensor, var_list, tape: tf.GradientTape) -> tf.Operation:
+        """Clip, noise and apply one step (the body of ``minimize``)."""
+        if tape is None:
+            raise ValueError("DPOptimizer needs the GradientTape that recorded the forward pass")
+        var_list = list(var_list() if callable(var_list) else var_list)
+        recorded = taps.take()
+        clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip)
+        noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table)
+        if self.expected_batch_size is not None:
+            denominator = tf.constant(float(self.expected_batch_size))
+        else:
+            denominator = tf.cast(tf.maximum(clipped.batch_size, 1), tf.float32)
+        pairs = [
+            (_scale(g, 1.0 / denominator), v) for g, v in zip(noised.grads, var_list) if g is not None
+        ]
+        updates = [self.last_embedding_values.assign(noised.embedding_values)]
+        if clipped.norms is not None:
+            clip_norm = self.mechanism.l2_norm_clip
+            fraction = tf.reduce_mean(tf.cast(clipped.norms > clip_norm, tf.float32))
+            updates.append(self.last_clipped_fraction.assign(fraction))
+        with tf.control_dependencies(updates):
+            return self.apply_gradients(pairs)
+
+    def minimize(self, loss, var_list, tape=None):
+        """Keras entry point: ``loss`` must be the per-example loss vector."""
+        return self.private_step(loss, var_list, tape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(expected_batch_size=self.expected_batch_size, mechanism=self.mechanism.describe())
+        return config

@@ -1,0 +1,137 @@
+"""The mechanism contract: every private (or non-private) update rule.
+
+A mechanism receives, for one step, the *summed clipped* gradients
+``G = sum_i clip(g_i, C)`` of every trainable variable — ``tf.IndexedSlices``
+for embedding tables (one entry per lookup, indices may repeat), dense
+tensors for everything else — and returns the gradients it wants applied
+(still sums: the optimizer divides by the expected batch size and multiplies
+by the learning rate). It also describes one step's privacy cost as a
+``dp_accounting.DpEvent``; only :mod:`tfdp_sparse.accounting` turns events
+into ε.
+
+Rules every implementation follows:
+
+* Noise is drawn from the mechanism's own ``tf.random.Generator`` (a
+  checkpointed variable), so a restored run continues its random stream.
+* ``step_event`` returns the event of *one* training step for a Poisson
+  sampling rate ``q``; a mechanism that is not differentially private in the
+  usual sense returns ``None`` and explains why in ``not_private_reason``
+  (EANA). Calling code must never print a number for it.
+* ``NoisedGradients.embedding_values`` counts the embedding-gradient values
+  the step applies (rows x width, summed over tables): the "gradient size"
+  that sparse algorithms shrink. Dense layers are dense in every algorithm
+  and are not counted.
+* A mechanism never imports models or trainers; adding one touches nothing
+  but its own module (and the registry in :mod:`tfdp_sparse.mechanisms`).
+
+Example::
+
+    mech = DPSGD(noise_multiplier=1.0, l2_norm_clip=1.0, seed=0)
+    out = mech.privatize(grads, variables, is_table)
+    event = mech.step_event(sampling_probability=0.01)
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from typing import Optional, Sequence, Union
+
+import dp_accounting
+import tensorflow as tf
+
+Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisedGradients:
+    """What a mechanism wants applied for one step.
+
+    Attributes:
+      grads: one entry per variable (``IndexedSlices``, dense tensor or
+        ``None``), still summed over the batch.
+      embedding_values: int64 scalar, embedding-gradient values applied.
+    """
+
+    grads: list[Gradient]
+    embedding_values: tf.Tensor
+
+
+def validate_noise_multiplier(noise_multiplier: float) -> float:
+    if noise_multiplier is None or not math.isfinite(noise_multiplier) or noise_multiplier < 0:
+        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
+    return float(noise_multiplier)
+
+
+def validate_l2_norm_clip(l2_norm_clip: float) -> float:
+    if l2_norm_clip is None or not math.isfinite(l2_norm_clip) or l2_norm_clip <= 0:
+        raise ValueError(
+            f"l2_norm_clip must be a finite number > 0 (the per-example clipping bound C), got {l2_norm_clip!r}"
+        )
+    return float(l2_norm_clip)
+
+
+def sum_duplicates(slices: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(unique_ids, summed_rows)`` of an ``IndexedSlices`` with repeats."""
+    unique_ids, position = tf.unique(slices.indices)
+    summed = tf.math.unsorted_segment_sum(slices.values, position, tf.size(unique_ids))
+    return unique_ids, summed
+
+
+def unique_row_values(slices: tf.IndexedSlices) -> tf.Tensor:
+    """Number of values an update of the unique rows of ``slices`` writes."""
+    unique_ids, _ = tf.unique(slices.indices)
+    width = tf.cast(tf.shape(slices.values)[1], tf.int64)
+    return tf.cast(tf.size(unique_ids), tf.int64) * width
+
+
+class Mechanism(tf.Module, abc.ABC):
+    """Base class of update rules; see the module docstring for the contract.
+
+    Args:
+      l2_norm_clip: per-example clipping bound ``C`` (``None``: no clipping,
+        only for non-private training).
+      seed: seed of the noise generator (``None``: non-deterministic).
+    """
+
+    #: Name used by flags and the registry, e.g. ``"dpsgd"``.
+    name: str = ""
+
+    def __init__(self, l2_norm_clip: Optional[float], seed: Optional[int] = None):
+        super().__init__(name=f"{self.name or 'mechanism'}_mechanism")
+        self._l2_norm_clip = None if l2_norm_clip is None else validate_l2_norm_clip(l2_norm_clip)
+        self.rng = (
+            tf.random.Generator.from_seed(seed) if seed is not None else tf.random.Generator.from_non_deterministic_state()
+        )
+
+    @property
+    def l2_norm_clip(self) -> Optional[float]:
+        """Per-example clipping bound, or ``None`` when examples are not clipped."""
+        return self._l2_norm_clip
+
+    @abc.abstractmethod
+    def privatize(
+        self, grads: Sequence[Gradient], variables: Sequence[tf.Variable], is_table: Sequence[bool]
+    ) -> NoisedGradients:
+        """Noised summed gradients for one step (graph-safe, no Python side effects)."""
+
+    @abc.abstractmethod
+    def step_event(self, sampling_probability: float) -> Optional[dp_accounting.DpEvent]:
+        """The ``DpEvent`` of one step at Poisson rate ``q``, or ``None`` (see contract)."""
+
+    def not_private_reason(self) -> Optional[str]:
+        """Why this mechanism has no (ε, δ) guarantee, or ``None`` if it has one."""
+        return None
+
+    def setup_event(self) -> Optional[dp_accounting.DpEvent]:
+        """Privacy cost paid once before training (e.g. private selection)."""
+        return None
+
+    def describe(self) -> dict:
+        """Privacy-relevant settings, for logs and the metrics line."""
+        return {"algorithm": self.name, "l2_norm_clip": self._l2_norm_clip}
+
+    def gaussian_noise(self, shape, stddev: float) -> tf.Tensor:
+        """Draws ``N(0, stddev^2)`` from this mechanism's generator."""
+        return self.rng.normal(shape, stddev=stddev, dtype=tf.float32)

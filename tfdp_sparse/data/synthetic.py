@@ -178,10 +178,27 @@ def _power_integral(lo: float, hi: float, s: float) -> float:
     return (hi ** (1.0 - s) - lo ** (1.0 - s)) / (1.0 - s)
 
 
+def _alias_table(weights: np.ndarray):
+    """Walker/Vose alias table: ``(prob, alias)`` for sampling index ``i ∝ weights[i]``."""
+    k = len(weights)
+    scaled = (np.asarray(weights, dtype=np.float64) * (k / np.sum(weights))).tolist()
+    prob = np.ones(k, dtype=np.float64)
+    alias = np.arange(k, dtype=np.int64)
+    small = [i for i, p in enumerate(scaled) if p < 1.0]
+    large = [i for i, p in enumerate(scaled) if p >= 1.0]
+    while small and large:
+        lo, hi = small.pop(), large.pop()
+        prob[lo] = scaled[lo]
+        alias[lo] = hi
+        scaled[hi] += scaled[lo] - 1.0
+        (small if scaled[hi] < 1.0 else large).append(hi)
+    return prob, alias  # leftovers keep prob 1 (round-off)
+
+
 class TruncatedZipf:
     """``P(rank r) ∝ (r + 1) ** -s`` over ranks ``0..V-1`` without a V-length table.
 
-    The first ``ZIPF_EXACT_HEAD`` ranks are exact; a tail rank ``r`` has mass
+    The first ``ZIPF_EXACT_HEAD`` ranks are exact (Walker alias sampling); a tail rank ``r`` has mass
     ``∫_{r+0.5}^{r+1.5} x**-s dx`` (midpoint rule, relative error below
     ``1e-7`` there) and is sampled by the closed-form inverse CDF.
 
@@ -198,8 +215,9 @@ class TruncatedZipf:
         self.exponent = float(exponent)
         self.head = min(self.vocab_size, int(exact_head))
         s = self.exponent
-        self._head_cum = np.cumsum(np.arange(1, self.head + 1, dtype=np.float64) ** -s)
-        self._head_mass = float(self._head_cum[-1])
+        head_w = np.arange(1, self.head + 1, dtype=np.float64) ** -s
+        self._head_mass = float(head_w.sum())
+        self._alias_prob, self._alias = _alias_table(head_w)
         self._lo = self.head + 0.5
         self._hi = self.vocab_size + 0.5
         self._tail_mass = _power_integral(self._lo, self._hi, s) if self.head < self.vocab_size else 0.0
@@ -224,8 +242,11 @@ class TruncatedZipf:
     def ranks_from_uniform(self, u: np.ndarray) -> np.ndarray:
         """Map uniforms in ``[0, 1)`` to 0-based ranks (inverse CDF)."""
         x = np.asarray(u, dtype=np.float64) * self._total
-        ranks = np.searchsorted(self._head_cum, x, side="right")
-        np.minimum(ranks, self.head - 1, out=ranks)
+        # Head (also computed for tail draws, overwritten below): Walker alias.
+        y = np.minimum(x * (self.head / self._head_mass), np.nextafter(self.head, 0))
+        ranks = y.astype(np.int64)
+        y -= ranks
+        ranks = np.where(y < self._alias_prob[ranks], ranks, self._alias[ranks])
         if self._tail_mass > 0:
             tail = x >= self._head_mass
             if np.any(tail):

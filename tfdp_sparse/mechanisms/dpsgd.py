@@ -74,3 +74,8 @@ class DPSGD(Mechanism):
 
     def describe(self) -> dict:
         return {**super().describe(), "noise_multiplier": self.noise_multiplier}
+
+
+def from_config(config, seed: Optional[int] = None) -> DPSGD:
+    """Registry constructor (see :mod:`tfdp_sparse.mechanisms`)."""
+    return DPSGD(config.noise_multiplier, config.l2_norm_clip, seed=seed)

@@ -42,3 +42,8 @@ class NonPrivate(Mechanism):
 
     def not_private_reason(self) -> str:
         return "non-private training (no clipping, no noise)"
+
+
+def from_config(config, seed: Optional[int] = None) -> NonPrivate:
+    """Registry constructor (see :mod:`tfdp_sparse.mechanisms`)."""
+    return NonPrivate(seed=seed)

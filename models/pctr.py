@@ -85,3 +85,32 @@ def per_example_loss(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
 def embedding_tables(model: tf.keras.Model) -> list[tf.Variable]:
     """The model's embedding tables (for lazy-noise flushing and reports)."""
     return [layer.embeddings for layer in model.layers if isinstance(layer, DPEmbedding)]
+
+
+class PctrServing(tf.Module):
+    """Serving wrapper: raw features in, click probability out.
+
+    ``serve(cat=int64 [B, F], dense=float32 [B, D])``: ``cat`` holds the
+    vocabulary ids of the categorical features and ``dense`` the *raw*
+    integer-valued counts; the module applies the training transform
+    ``log(1 + max(x, 0))`` and returns ``{"probability": [B]}``.
+    """
+
+    def __init__(self, model: tf.keras.Model):
+        super().__init__(name="pctr_serving")
+        self.model = model
+        specs = {inp.name.split(":")[0]: inp for inp in model.inputs}
+        num_cat = int(specs["cat"].shape[-1])
+        num_dense = int(specs["dense"].shape[-1])
+        self.serve = tf.function(
+            self._serve,
+            input_signature=[
+                tf.TensorSpec([None, num_cat], tf.int64, name="cat"),
+                tf.TensorSpec([None, num_dense], tf.float32, name="dense"),
+            ],
+        )
+
+    def _serve(self, cat, dense):
+        transformed = tf.math.log1p(tf.maximum(dense, 0.0))
+        logit = self.model({"cat": cat, "dense": transformed}, training=False)
+        return {"probability": tf.sigmoid(tf.reshape(logit, [-1]))}

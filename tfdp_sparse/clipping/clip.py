@@ -49,12 +49,18 @@ class ClippedGradients:
       norms: per-example gradient norms before clipping ``[B]`` (``None``
         when clipping is off).
       batch_size: the number of examples in the batch (int32 scalar).
+      lookups: per variable, for tables the int64 ids ``[B, L]`` the batch
+        looked up (``-1`` = padding), concatenated along ``L`` over all
+        lookups of the table in this step; ``None`` for dense variables and
+        for tables the step did not look up. Mechanisms that need
+        per-example ids (DP-AdaFEST's contribution map) read them here.
     """
 
     grads: list[Gradient]
     is_table: list[bool]
     norms: Optional[tf.Tensor]
     batch_size: tf.Tensor
+    lookups: list[Optional[tf.Tensor]] = dataclasses.field(default_factory=list)
 
 
 class UnsupportedLayerError(ValueError):
@@ -155,4 +161,11 @@ def clip_gradients(
         is_table=[k in table_taps for k in keys],
         norms=norms,
         batch_size=batch_size,
+        lookups=[_lookup_ids(table_taps[k]) if k in table_taps else None for k in keys],
     )
+
+
+def _lookup_ids(tap_list: Sequence[EmbeddingTap]) -> tf.Tensor:
+    """The int64 ids ``[B, L]`` of all lookups of one table, concatenated along L."""
+    ids = [tf.cast(t.ids, tf.int64) for t in tap_list]
+    return ids[0] if len(ids) == 1 else tf.concat(ids, axis=1)

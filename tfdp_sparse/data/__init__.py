@@ -1,0 +1,1 @@
+"""Data: Criteo schema (``criteo_schema``), TSV reader (``criteo``), synthetic generator (``synthetic``)."""

@@ -49,6 +49,8 @@ ZIPF_EXACT_HEAD: int = 4096
 # Share of the logit variance given to the categorical (vs dense) features.
 _CAT_SHARE = 0.8
 _CALIBRATION_EXAMPLES = 1 << 16
+# Bound on the per-feature rescaling of the bucket weights (see _planted_model).
+_MAX_RESCALE = 3.0
 
 # Dense features: fraction missing, mean and std of log(raw count).  Loosely
 # shaped after the Criteo Kaggle integer features (many missing, heavy tails).
@@ -100,7 +102,7 @@ class SyntheticCriteoConfig:
     vocab_scale: float = 1.0
     zipf_exponent: float = 1.1
     seed: int = 0
-    signal_strength: float = 1.6
+    signal_strength: float = 1.2
     base_rate: float = 0.25
     signal_features: Optional[tuple[int, ...]] = None
 
@@ -227,7 +229,7 @@ class TruncatedZipf:
         """Probability of each 0-based rank (0 outside ``[0, V)``)."""
         r = np.asarray(ranks, dtype=np.float64) + 1.0
         s = self.exponent
-        out = np.where(r <= self.head, r ** -s, 0.0)
+        out = np.where(r <= self.head, np.maximum(r, 1.0) ** -s, 0.0)
         tail = (r > self.head) & (r <= self.vocab_size)
         if np.any(tail):
             rt = r[tail]
@@ -321,10 +323,10 @@ def bucket_weights(config: SyntheticCriteoConfig, feature: int, ids) -> np.ndarr
     if not _is_int(feature) or not 0 <= feature < config.num_categorical:
         raise ValueError(f"feature must be in [0, {config.num_categorical}), got {feature!r}")
     ids = np.asarray(ids, dtype=np.int64)
-    sigma = _feature_sigma(config, int(feature))
-    if sigma == 0.0:
+    table = _planted_model(_model_key(config)).tables[int(feature)]
+    if table.sigma == 0.0:
         return np.zeros(ids.shape, dtype=np.float64)
-    return sigma * _hashed_normal(_feature_key(config.seed, int(feature)), ids)
+    return table.sigma * _hashed_normal(table.key, ids)
 
 
 # ----------------------------------------------------------------------------
@@ -352,23 +354,24 @@ class _Model:
 
 
 def _sample_dense(rng: np.random.Generator, n: int) -> np.ndarray:
-    z = rng.standard_normal((NUM_DENSE, n))
-    miss = rng.random((NUM_DENSE, n))
-    mu = np.asarray(_DENSE_LOG_MEAN)[:, None]
-    sd = np.asarray(_DENSE_LOG_STD)[:, None]
-    raw = np.floor(np.exp(mu + sd * z))
-    raw[miss < np.asarray(_DENSE_MISSING)[:, None]] = 0.0
-    return np.ascontiguousarray(np.log1p(raw).T)
+    """``[n, 13]`` values ``log(1 + count)``, count = floor(lognormal) or 0 if missing."""
+    z = rng.standard_normal((n, NUM_DENSE))
+    z *= np.asarray(_DENSE_LOG_STD)
+    z += np.asarray(_DENSE_LOG_MEAN)
+    np.exp(z, out=z)
+    np.floor(z, out=z)
+    z[rng.random((n, NUM_DENSE)) < np.asarray(_DENSE_MISSING)] = 0.0
+    return np.log1p(z, out=z)
 
 
 def _sample_cat(model: _Model, rng: np.random.Generator, n: int):
     """Ids ``[n, F]`` and the summed bucket weights ``[n]``."""
-    cat_t = np.empty((len(model.tables), n), dtype=np.int64)
+    cat = np.empty((n, len(model.tables)), dtype=np.int64)
     logit = np.zeros(n, dtype=np.float64)
     for f, t in enumerate(model.tables):
         ranks = t.zipf.sample(rng, n)
         ids = (ranks * t.mult + t.offset) % t.size
-        cat_t[f] = ids
+        cat[:, f] = ids
         if t.sigma > 0:
             head = ranks < t.zipf.head
             w = t.head_weights[np.minimum(ranks, t.zipf.head - 1)]
@@ -376,7 +379,7 @@ def _sample_cat(model: _Model, rng: np.random.Generator, n: int):
                 tail = ~head
                 w[tail] = t.sigma * _hashed_normal(t.key, ids[tail])
             logit += w
-    return np.ascontiguousarray(cat_t.T), logit
+    return cat, logit
 
 
 def _model_key(config: SyntheticCriteoConfig) -> SyntheticCriteoConfig:
@@ -401,10 +404,18 @@ def _planted_model(key: SyntheticCriteoConfig) -> _Model:
         table = _Table(size, mult, offset, zipf, sigma, _feature_key(config.seed, f), None)
         if sigma > 0:
             head_ids = (np.arange(zipf.head, dtype=np.int64) * mult + offset) % size
-            table.head_weights = sigma * _hashed_normal(table.key, head_ids)
+            normal = _hashed_normal(table.key, head_ids)
+            # Rescale so the realised std of w_f[id] under the Zipf law is sigma
+            # (a few popular ids dominate; this keeps the AUC stable across seeds).
+            p_head = zipf.pmf(np.arange(zipf.head))
+            mean = float(p_head @ normal)
+            second = float(p_head @ normal**2) + max(0.0, 1.0 - float(p_head.sum()))
+            factor = min(_MAX_RESCALE, max(1.0 / _MAX_RESCALE, 1.0 / math.sqrt(max(second - mean**2, 1e-12))))
+            table.sigma = sigma * factor
+            table.head_weights = table.sigma * normal
         tables.append(table)
     dense_coef = rng.standard_normal(NUM_DENSE)
-    dense_coef *= float(config.signal_strength) * math.sqrt((1 - _CAT_SHARE) / NUM_DENSE)
+    dense_coef *= float(config.signal_strength) * math.sqrt(1 - _CAT_SHARE) / np.linalg.norm(dense_coef)
     model = _Model(tables, dense_coef, np.zeros(NUM_DENSE), np.ones(NUM_DENSE), 0.0)
     # Calibration sample: dense standardisation and the intercept.
     cal = np.random.default_rng([config.seed, 0xCA11B])

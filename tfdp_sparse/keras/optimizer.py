@@ -94,7 +94,12 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         var_list = list(var_list() if callable(var_list) else var_list)
         recorded = taps.take()
         clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip)
-        noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table)
+        if getattr(self.mechanism, "needs_lookups", False):
+            # Per-example looked-up ids (DP-AdaFEST's contribution map); only
+            # mechanisms that declare they need them get the keyword.
+            noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups)
+        else:
+            noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table)
         if self.expected_batch_size is not None:
             denominator = tf.constant(float(self.expected_batch_size))
         else:

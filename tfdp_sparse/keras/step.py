@@ -35,7 +35,9 @@ class PrivateStep:
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
-        self._step = tf.function(self._run, jit_compile=jit_compile, reduce_retracing=True)
+        # autograph off: the step has no tensor-dependent Python control flow, and
+        # converting Keras and the clipping code costs tens of seconds per trace.
+        self._step = tf.function(self._run, jit_compile=jit_compile, reduce_retracing=True, autograph=False)
 
     def _run(self, features, labels):
         taps.clear()

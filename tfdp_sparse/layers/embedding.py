@@ -15,7 +15,10 @@ Inputs:
 
 Mechanisms that must act on rows *before* they are read (LazyDP catches up
 pending noise) register a read hook with :meth:`DPEmbedding.add_read_hook`;
-it is called with the batch's unique ids while training.
+it is called with the batch's unique ids while training. Hooks registered
+with :meth:`DPEmbedding.add_inference_hook` run before reads outside
+training (``training`` falsy: evaluation, ``predict``, serving), e.g. to
+apply all pending noise before a model is evaluated or exported.
 
 Example::
 
@@ -70,6 +73,7 @@ class DPEmbedding(tf.keras.layers.Layer):
         self.embeddings_initializer = tf.keras.initializers.get(embeddings_initializer)
         self.validate_ids = validate_ids
         self._read_hooks: list[ReadHook] = []
+        self._inference_hooks: list[ReadHook] = []
 
     def build(self, input_shape):
         self.embeddings = self.add_weight(
@@ -83,6 +87,10 @@ class DPEmbedding(tf.keras.layers.Layer):
     def add_read_hook(self, hook: ReadHook) -> None:
         """Registers ``hook(table, unique_ids)`` to run before rows are read."""
         self._read_hooks.append(hook)
+
+    def add_inference_hook(self, hook: ReadHook) -> None:
+        """Registers ``hook(table, unique_ids)`` to run before reads outside training."""
+        self._inference_hooks.append(hook)
 
     def _ids_2d(self, inputs) -> tf.Tensor:
         if isinstance(inputs, tf.RaggedTensor):
@@ -121,9 +129,10 @@ class DPEmbedding(tf.keras.layers.Layer):
                 )
         valid = ids >= 0
         safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
-        if training and self._read_hooks:
+        hooks = self._read_hooks if training else self._inference_hooks
+        if hooks:
             unique_ids, _ = tf.unique(tf.boolean_mask(ids, valid))
-            for hook in self._read_hooks:
+            for hook in hooks:
                 op = hook(self.embeddings, unique_ids)
                 if op is not None:
                     checks.append(op)

@@ -21,6 +21,9 @@ Rules every implementation follows:
   the step applies (rows x width, summed over tables): the "gradient size"
   that sparse algorithms shrink. Dense layers are dense in every algorithm
   and are not counted.
+* Mechanisms that need the per-example looked-up ids of the tables (not
+  only the summed gradients) set ``needs_lookups = True`` and receive them
+  as ``privatize(..., lookups=[ids [B, L] or None per variable])``.
 * A mechanism never imports models or trainers; adding one touches nothing
   but its own module (and the registry in :mod:`tfdp_sparse.mechanisms`).
 
@@ -79,6 +82,29 @@ def sum_duplicates(slices: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
     return unique_ids, summed
 
 
+def sum_rows_at(grad: Optional[tf.IndexedSlices], sorted_ids: tf.Tensor, width: int) -> tf.Tensor:
+    """Rows ``[n, width]``: for each id of ``sorted_ids`` the sum of ``grad``'s rows at that id.
+
+    ``sorted_ids`` is a strictly increasing int64 vector (a kept set); rows of
+    ``grad`` at other ids are dropped, ids without a row get zeros. Cost
+    O(len(grad) log n + n width) — nothing proportional to the table.
+
+    Example: ``grad`` rows ``[1], [2], [4]`` at ids ``[7, 3, 7]`` and
+    ``sorted_ids = [3, 5, 7]`` give ``[[2], [0], [5]]``.
+    """
+    sorted_ids = tf.cast(sorted_ids, tf.int64)
+    n = tf.size(sorted_ids)
+    if grad is None:
+        return tf.zeros(tf.stack([n, width]), tf.float32)
+    ids = tf.cast(grad.indices, tf.int64)
+    position = tf.searchsorted(sorted_ids, ids, side="left")  # in [0, n]
+    # Sentinel -1 at position n never equals an id (ids are >= 0).
+    extended = tf.concat([sorted_ids, tf.constant([-1], tf.int64)], axis=0)
+    match = tf.equal(tf.gather(extended, position), ids)
+    values = tf.cast(tf.boolean_mask(grad.values, match), tf.float32)
+    return tf.math.unsorted_segment_sum(values, tf.boolean_mask(position, match), n)
+
+
 def unique_row_values(slices: tf.IndexedSlices) -> tf.Tensor:
     """Number of values an update of the unique rows of ``slices`` writes."""
     unique_ids, _ = tf.unique(slices.indices)
@@ -97,6 +123,8 @@ class Mechanism(tf.Module, abc.ABC):
 
     #: Name used by flags and the registry, e.g. ``"dpsgd"``.
     name: str = ""
+    #: True if ``privatize`` needs the per-example looked-up ids (``lookups=``).
+    needs_lookups: bool = False
 
     def __init__(self, l2_norm_clip: Optional[float], seed: Optional[int] = None):
         super().__init__(name=f"{self.name or 'mechanism'}_mechanism")
@@ -112,9 +140,21 @@ class Mechanism(tf.Module, abc.ABC):
 
     @abc.abstractmethod
     def privatize(
-        self, grads: Sequence[Gradient], variables: Sequence[tf.Variable], is_table: Sequence[bool]
+        self,
+        grads: Sequence[Gradient],
+        variables: Sequence[tf.Variable],
+        is_table: Sequence[bool],
+        lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
     ) -> NoisedGradients:
-        """Noised summed gradients for one step (graph-safe, no Python side effects)."""
+        """Noised summed gradients for one step (graph-safe, no Python side effects).
+
+        ``lookups`` (optional, aligned with ``variables``): for tables the
+        int64 ids ``[B, L]`` the batch looked up (``-1`` = padding), ``None``
+        otherwise — :attr:`ClippedGradients.lookups
+        <tfdp_sparse.clipping.clip.ClippedGradients>`. The optimizer passes
+        it only to mechanisms whose class sets ``needs_lookups = True``;
+        others may ignore it.
+        """
 
     @abc.abstractmethod
     def step_event(self, sampling_probability: float) -> Optional[dp_accounting.DpEvent]:

@@ -58,8 +58,13 @@ class DPSGD(Mechanism):
         self.noise_multiplier = validate_noise_multiplier(noise_multiplier)
 
     def privatize(
-        self, grads: Sequence[Gradient], variables: Sequence[tf.Variable], is_table: Sequence[bool]
+        self,
+        grads: Sequence[Gradient],
+        variables: Sequence[tf.Variable],
+        is_table: Sequence[bool],
+        lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
     ) -> NoisedGradients:
+        del lookups  # not needed: noise does not depend on which rows were read
         stddev = self.noise_multiplier * self.l2_norm_clip
         out = []
         count = tf.constant(0, tf.int64)

@@ -29,8 +29,13 @@ class NonPrivate(Mechanism):
         super().__init__(l2_norm_clip=None, seed=seed)
 
     def privatize(
-        self, grads: Sequence[Gradient], variables: Sequence[tf.Variable], is_table: Sequence[bool]
+        self,
+        grads: Sequence[Gradient],
+        variables: Sequence[tf.Variable],
+        is_table: Sequence[bool],
+        lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
     ) -> NoisedGradients:
+        del lookups  # not needed: noise does not depend on which rows were read
         count = tf.constant(0, tf.int64)
         for grad, table in zip(grads, is_table):
             if table and isinstance(grad, tf.IndexedSlices):

@@ -1,0 +1,395 @@
+"""DP-AdaFEST: a private per-batch contribution map decides which rows get a gradient.
+
+DP-AdaFEST (Ghazi et al., "Sparsity-Preserving Differentially Private
+Training of Large Embedding Models", NeurIPS'23, §3.2 Algorithm 1 and
+App. B.2; DESIGN.md §2 item 5). Per step, for a batch of examples ``i``:
+
+1. contribution vector ``v_i[j] = 1[example i looks up bucket j]`` over the
+   buckets of *all* tables together, clipped in L2 to ``C1``: with ``n_i``
+   distinct buckets looked up, every entry is ``w_i = min(1, C1/sqrt(n_i))``;
+2. noisy map ``V[j] = sum_i w_i v_i[j] + C1 * N(0, sigma1^2)``; keep bucket
+   ``j`` iff ``V[j] >= tau``;
+3. gradient ``sum_i clip(g_i, C2)`` restricted to kept rows plus
+   ``C2 * N(0, sigma2^2)`` on every kept row; dense variables get DP-SGD
+   noise ``N(0, sigma2^2 C2^2)``. ``C2`` is ``l2_norm_clip``.
+
+Memory-efficient filtering (App. B.2, with the erratum of DESIGN §2 item 5):
+nothing of size ``c`` (table rows) is built. Noise is drawn only for the
+buckets the batch looked up (non-zero true count); every zero-count bucket
+passes independently with probability ``p = Psi(tau / (sigma1 C1))`` (the
+standard deviation is ``sigma1 C1``; the paper's text divides by
+``sigma1^2 C1^2``), and those *false positives* are drawn directly with
+:func:`tfdp_sparse.selection.false_positives.sample_false_positives_tf`
+(Binomial count, then a uniform subset; equivalent to geometric gaps) over
+the whole id range with the looked-up ids excluded, so a step costs
+O(batch lookups + c p). False-positive rows carry noise only — that is what
+makes the map private (a row's inclusion must not reveal whether anybody
+looked it up).
+
+Accounting. Step 2 is a Gaussian mechanism of sensitivity ``C1`` (the sum
+of clipped ``v_i``) and noise ``C1 sigma1``: multiplier ``sigma1``. Step 3,
+given the mask, is a Gaussian mechanism of sensitivity ``C2`` (restricting
+a sum of ``C2``-clipped vectors to some rows does not raise its norm) and
+noise ``C2 sigma2``: multiplier ``sigma2``. The multipliers are relative to
+each mechanism's own sensitivity, so ``C1`` and ``C2`` need no relation.
+Two adaptively composed Gaussians on the same Poisson-sampled batch are
+exactly one Gaussian of multiplier ``sigma = (sigma1^-2 + sigma2^-2)^-1/2``
+(Dong, Roth & Su 2019, Cor. 3.3), so one step is
+``PoissonSampled(q, Gaussian(sigma))`` — valid for PLD and RDP alike.
+
+Knobs (``PrivacyConfig.extra``):
+
+* ``tau`` (required) — threshold ``tau >= 0`` on the noisy map;
+* ``C1`` (default 1.0) — clip norm ``> 0`` of the contribution vectors;
+* ``sigma1`` — noise multiplier ``> 0`` of the map; ``sigma2`` (default
+  ``noise_multiplier``) — of the gradient;
+* or instead ``sigma_ratio`` = ``sigma1/sigma2`` (the paper's knob, 0.1..10):
+  then ``noise_multiplier`` is the *effective* sigma of a step and
+  ``sigma2 = noise_multiplier * sqrt(1 + sigma_ratio^-2)``,
+  ``sigma1 = sigma_ratio * sigma2`` — so calibrating ``noise_multiplier`` for
+  a target epsilon calibrates the run.
+
+Example::
+
+    mech = AdaFEST(sigma1=5.0, sigma2=1.0, C1=1.0, tau=2.0, l2_norm_clip=1.0, seed=0)
+    out = mech.privatize(grads, variables, is_table, lookups=lookups)
+    mech.step_event(0.01)   # PoissonSampled(0.01, Gaussian(0.98058))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Optional, Sequence
+
+import dp_accounting
+import tensorflow as tf
+
+from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, sum_rows_at
+from tfdp_sparse.mechanisms.dpsgd import gaussian_step_event, noise_dense
+from tfdp_sparse.selection.false_positives import false_positive_probability, sample_false_positives_tf
+
+# ----------------------------------------------------------------------------
+# Settings.
+
+
+def _finite(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    return float(value)
+
+
+def validate_filter_settings(tau, sigma1, C1) -> tuple[float, float, float]:
+    """Checks ``tau >= 0``, ``sigma1 > 0``, ``C1 > 0``; returns them as floats."""
+    tau, sigma1, C1 = _finite(tau, "tau"), _finite(sigma1, "sigma1"), _finite(C1, "C1")
+    if tau < 0:
+        raise ValueError(
+            f"tau={tau!r} must be >= 0: a negative threshold keeps more than half of all buckets "
+            "(every zero-count bucket passes with probability > 1/2) and defeats sparse filtering"
+        )
+    if sigma1 <= 0:
+        raise ValueError(
+            f"sigma1={sigma1!r} must be > 0: it is the noise multiplier of the contribution map, "
+            "without noise the kept set reveals which buckets the batch looked up"
+        )
+    if C1 <= 0:
+        raise ValueError(f"C1={C1!r} must be > 0 (L2 clip norm of the per-example contribution vectors)")
+    return tau, sigma1, C1
+
+
+def effective_noise_multiplier(sigma1: float, sigma2: float) -> float:
+    """``(sigma1^-2 + sigma2^-2)^-1/2``: one Gaussian equivalent to both (0 if either is 0).
+
+    >>> round(effective_noise_multiplier(5.0, 1.0), 5)
+    0.98058
+    """
+    if sigma1 == 0 or sigma2 == 0:
+        return 0.0
+    return (sigma1**-2 + sigma2**-2) ** -0.5
+
+
+# ----------------------------------------------------------------------------
+# The filter (pure functions of ids, sizes and a generator; no variables).
+
+
+@dataclasses.dataclass(frozen=True)
+class TableFilter:
+    """The outcome of the contribution-map filter for one table.
+
+    Attributes:
+      looked_up: sorted unique ids the batch looked up (non-zero true count).
+      counts: their true clipped contribution ``sum_i w_i`` (float32).
+      kept_true: sorted looked-up ids whose noisy count is ``>= tau``.
+      false_positives: sorted never-looked-up ids that passed (noise only).
+    """
+
+    looked_up: tf.Tensor
+    counts: tf.Tensor
+    kept_true: tf.Tensor
+    false_positives: tf.Tensor
+
+
+def distinct_lookups(ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(example, bucket)`` of the distinct valid lookups of ``ids [B, L]`` (-1 = padding).
+
+    Sorting each row makes repeats adjacent: O(B L log L), no key of size
+    ``B * c`` (which could overflow for huge tables).
+    """
+    ids = tf.cast(ids, tf.int64)
+    ordered = tf.sort(ids, axis=1)
+    previous = tf.concat([tf.fill([tf.shape(ordered)[0], 1], tf.constant(-1, tf.int64)), ordered[:, :-1]], axis=1)
+    first = tf.logical_and(ordered >= 0, tf.not_equal(ordered, previous))
+    example = tf.broadcast_to(tf.range(tf.shape(ordered, out_type=tf.int64)[0])[:, tf.newaxis], tf.shape(ordered, out_type=tf.int64))
+    return tf.boolean_mask(example, first), tf.boolean_mask(ordered, first)
+
+
+def contribution_weights(
+    lookups: Sequence[Optional[tf.Tensor]], C1: float
+) -> tuple[tf.Tensor, list[Optional[tuple[tf.Tensor, tf.Tensor]]]]:
+    """Per-example weight ``min(1, C1/sqrt(n_i))`` and the distinct lookups per table.
+
+    ``n_i`` counts the distinct buckets example ``i`` looks up over *all*
+    tables (a bucket is a (table, row) pair), so ``||clip(v_i, C1)|| <= C1``.
+    Returns ``(weights [B], [(example, bucket) or None per table])``.
+    """
+    present = [ids for ids in lookups if ids is not None]
+    if not present:
+        return tf.zeros([0], tf.float32), [None] * len(lookups)
+    batch = tf.shape(present[0], out_type=tf.int64)[0]
+    n = tf.zeros([batch], tf.float32)
+    pairs: list[Optional[tuple[tf.Tensor, tf.Tensor]]] = []
+    for ids in lookups:
+        if ids is None:
+            pairs.append(None)
+            continue
+        example, bucket = distinct_lookups(ids)
+        n += tf.math.unsorted_segment_sum(tf.ones_like(example, tf.float32), example, batch)
+        pairs.append((example, bucket))
+    weights = tf.minimum(1.0, C1 / tf.sqrt(tf.maximum(n, 1.0)))
+    return weights, pairs
+
+
+def bucket_counts(example: tf.Tensor, bucket: tf.Tensor, weights: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Sorted unique buckets and their true count ``sum_i w_i v_i[j]``."""
+    order = tf.argsort(bucket)
+    bucket = tf.gather(bucket, order)
+    example = tf.gather(example, order)
+    unique, position = tf.unique(bucket)  # sorted input: first-occurrence order is sorted
+    counts = tf.math.unsorted_segment_sum(tf.gather(weights, example), position, tf.size(unique))
+    return unique, counts
+
+
+def threshold(
+    looked_up: tf.Tensor,
+    counts: tf.Tensor,
+    num_buckets: int,
+    *,
+    tau: float,
+    sigma1: float,
+    C1: float,
+    rng: tf.random.Generator,
+) -> TableFilter:
+    """Noisy threshold of one table's map, plus false positives among zero-count buckets.
+
+    Looked-up buckets: ``counts + C1 * N(0, sigma1^2) >= tau``. The other
+    ``num_buckets - len(looked_up)`` buckets pass with probability
+    ``Psi(tau / (sigma1 C1))`` each, drawn without any length-``num_buckets``
+    tensor (``num_buckets`` may be ~1e9).
+    """
+    tau, sigma1, C1 = validate_filter_settings(tau, sigma1, C1)
+    noisy = counts + rng.normal(tf.shape(counts), stddev=sigma1 * C1, dtype=tf.float32)
+    kept_true = tf.boolean_mask(looked_up, noisy >= tau)
+    p = false_positive_probability(tau, sigma1, C1)
+    seed = rng.make_seeds(1)[:, 0]
+    false_positives = sample_false_positives_tf(int(num_buckets), looked_up, p, seed)
+    return TableFilter(looked_up, counts, kept_true, false_positives)
+
+
+def contribution_filter(
+    lookups: Sequence[Optional[tf.Tensor]],
+    num_buckets: Sequence[int],
+    *,
+    tau: float,
+    sigma1: float,
+    C1: float,
+    rng: tf.random.Generator,
+) -> list[TableFilter]:
+    """DP-AdaFEST's private filter for all tables of one step (Alg. 1 lines 5-8).
+
+    Args:
+      lookups: per table the int64 ids ``[B, L]`` looked up (-1 = padding),
+        or ``None`` if the table was not looked up (all its counts are 0).
+      num_buckets: per table the number of rows ``c`` (a Python int; only
+        used as a range, never allocated).
+      tau, sigma1, C1: threshold, map noise multiplier, map clip norm.
+      rng: the generator all noise comes from.
+
+    Returns:
+      One :class:`TableFilter` per table.
+
+    Example::
+
+        out = contribution_filter([ids], [10**9], tau=4.0, sigma1=1.0, C1=2.0,
+                                  rng=tf.random.Generator.from_seed(0))
+        out[0].false_positives   # ~ 10**9 * Psi(2) = 2.3e7 ids ... choose tau larger!
+    """
+    validate_filter_settings(tau, sigma1, C1)
+    if len(lookups) != len(num_buckets):
+        raise ValueError(f"lookups for {len(lookups)} tables but num_buckets for {len(num_buckets)}")
+    weights, pairs = contribution_weights(lookups, C1)
+    out = []
+    for pair, size in zip(pairs, num_buckets):
+        if pair is None:
+            looked_up, counts = tf.zeros([0], tf.int64), tf.zeros([0], tf.float32)
+        else:
+            looked_up, counts = bucket_counts(pair[0], pair[1], weights)
+        out.append(threshold(looked_up, counts, size, tau=tau, sigma1=sigma1, C1=C1, rng=rng))
+    return out
+
+
+def sparse_noised_gradient(
+    mech: Mechanism, grad: Optional[tf.IndexedSlices], var: tf.Variable, kept_true: tf.Tensor,
+    false_positives: tf.Tensor, stddev: float,
+) -> tuple[tf.IndexedSlices, tf.Tensor]:
+    """Gradient rows at ``kept_true`` + noise there, noise-only rows at ``false_positives``.
+
+    Returns the ``IndexedSlices`` (unique indices) and the values it writes.
+    """
+    width = int(var.shape[-1])
+    rows = sum_rows_at(grad, kept_true, width)
+    ids = tf.concat([tf.cast(kept_true, tf.int64), tf.cast(false_positives, tf.int64)], axis=0)
+    n = tf.size(ids)
+    signal = tf.concat([rows, tf.zeros(tf.stack([tf.size(false_positives), width]), tf.float32)], axis=0)
+    values = signal + mech.gaussian_noise(tf.stack([n, width]), stddev)
+    out = tf.IndexedSlices(values, ids, tf.constant(var.shape.as_list(), tf.int64))
+    return out, tf.cast(n, tf.int64) * width
+
+
+def check_lookups(
+    grads: Sequence[Gradient], variables: Sequence[tf.Variable], is_table: Sequence[bool],
+    lookups: Optional[Sequence[Optional[tf.Tensor]]], algorithm: str,
+) -> list[Optional[tf.Tensor]]:
+    """Validates ``lookups`` (aligned with the variables) for the tables."""
+    if lookups is None:
+        raise ValueError(
+            f"{algorithm} needs the per-example looked-up ids of every table: call "
+            "privatize(grads, variables, is_table, lookups=ClippedGradients.lookups) "
+            "(DPOptimizer does so for mechanisms with needs_lookups = True)"
+        )
+    lookups = list(lookups)
+    if len(lookups) != len(variables):
+        raise ValueError(f"lookups has {len(lookups)} entries but there are {len(variables)} variables")
+    for grad, var, table, ids in zip(grads, variables, is_table, lookups):
+        if not table:
+            continue
+        if grad is not None and not isinstance(grad, tf.IndexedSlices):
+            raise TypeError(f"{algorithm} expects tf.IndexedSlices for embedding table {var.name}, got a dense tensor")
+        if grad is not None and ids is None:
+            raise ValueError(f"embedding table {var.name} has a gradient but no looked-up ids in lookups")
+    return lookups
+
+
+# ----------------------------------------------------------------------------
+# The mechanism.
+
+
+class AdaFEST(Mechanism):
+    """DP-AdaFEST (Alg. 1) with memory-efficient false positives.
+
+    Args:
+      sigma1: noise multiplier of the contribution map (> 0).
+      sigma2: noise multiplier of the gradient (>= 0).
+      C1: clip norm of the contribution vectors (> 0).
+      tau: threshold (>= 0).
+      l2_norm_clip: ``C2``, the per-example gradient clip norm.
+      seed: seed of the noise generator.
+    """
+
+    name = "adafest"
+    needs_lookups = True
+
+    def __init__(
+        self, sigma1: float, sigma2: float, C1: float, tau: float, l2_norm_clip: float, seed: Optional[int] = None
+    ):
+        super().__init__(l2_norm_clip=l2_norm_clip, seed=seed)
+        self.tau, self.sigma1, self.C1 = validate_filter_settings(tau, sigma1, C1)
+        sigma2 = _finite(sigma2, "sigma2")
+        if sigma2 < 0:
+            raise ValueError(f"sigma2={sigma2!r} must be >= 0 (noise multiplier of the gradient)")
+        self.sigma2 = sigma2
+        self.false_positive_rate = false_positive_probability(self.tau, self.sigma1, self.C1)
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """``(sigma1^-2 + sigma2^-2)^-1/2``, the sigma the accountant sees."""
+        return effective_noise_multiplier(self.sigma1, self.sigma2)
+
+    def filter(self, lookups: Sequence[Optional[tf.Tensor]], num_buckets: Sequence[int]) -> list[TableFilter]:
+        """:func:`contribution_filter` with this mechanism's settings and generator."""
+        return contribution_filter(lookups, num_buckets, tau=self.tau, sigma1=self.sigma1, C1=self.C1, rng=self.rng)
+
+    def privatize(
+        self,
+        grads: Sequence[Gradient],
+        variables: Sequence[tf.Variable],
+        is_table: Sequence[bool],
+        lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
+    ) -> NoisedGradients:
+        lookups = check_lookups(grads, variables, is_table, lookups, "DP-AdaFEST")
+        tables = [i for i, t in enumerate(is_table) if t]
+        filters = self.filter([lookups[i] for i in tables], [int(variables[i].shape[0]) for i in tables])
+        by_index = dict(zip(tables, filters))
+        stddev = self.sigma2 * self.l2_norm_clip
+        out: list[Gradient] = []
+        count = tf.constant(0, tf.int64)
+        for i, (grad, var) in enumerate(zip(grads, variables)):
+            if i not in by_index:
+                out.append(noise_dense(self, grad, var, stddev))
+                continue
+            result = by_index[i]
+            noised, values = sparse_noised_gradient(self, grad, var, result.kept_true, result.false_positives, stddev)
+            out.append(noised)
+            count += values
+        return NoisedGradients(out, count)
+
+    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
+        """``PoissonSampled(q, Gaussian((sigma1^-2 + sigma2^-2)^-1/2))``."""
+        return gaussian_step_event(self.effective_noise_multiplier, sampling_probability)
+
+    def describe(self) -> dict:
+        return {
+            **super().describe(),
+            "sigma1": self.sigma1,
+            "sigma2": self.sigma2,
+            "effective_noise_multiplier": self.effective_noise_multiplier,
+            "C1": self.C1,
+            "tau": self.tau,
+            "false_positive_rate": self.false_positive_rate,
+        }
+
+
+def noise_settings_from_config(config) -> dict:
+    """``sigma1``, ``sigma2``, ``C1``, ``tau`` from the knobs (see the module docstring)."""
+    tau = config.knob("tau")
+    if tau is None:
+        raise ValueError("knob tau (threshold on the noisy contribution map) must be set for DP-AdaFEST")
+    ratio, sigma1, sigma2 = config.knob("sigma_ratio"), config.knob("sigma1"), config.knob("sigma2")
+    if ratio is not None:
+        if sigma1 is not None or sigma2 is not None:
+            raise ValueError("give either sigma_ratio (with noise_multiplier as the effective sigma) or sigma1/sigma2, not both")
+        ratio = _finite(ratio, "sigma_ratio")
+        if ratio <= 0:
+            raise ValueError(f"sigma_ratio={ratio!r} must be > 0 (sigma1 / sigma2)")
+        sigma2 = config.noise_multiplier * math.sqrt(1.0 + ratio**-2)
+        sigma1 = ratio * sigma2
+    else:
+        if sigma1 is None:
+            raise ValueError("knob sigma1 (noise multiplier of the contribution map) or sigma_ratio must be set for DP-AdaFEST")
+        sigma2 = config.noise_multiplier if sigma2 is None else sigma2
+    return {"sigma1": sigma1, "sigma2": sigma2, "C1": config.knob("C1", 1.0), "tau": tau}
+
+
+def from_config(config, seed: Optional[int] = None) -> AdaFEST:
+    """Registry constructor; knobs ``tau``, ``C1``, ``sigma1``/``sigma2`` or ``sigma_ratio``."""
+    return AdaFEST(l2_norm_clip=config.l2_norm_clip, seed=seed, **noise_settings_from_config(config))

@@ -1,0 +1,175 @@
+"""DP-AdaFEST+: DP-FEST preselection, then DP-AdaFEST inside the kept set.
+
+DP-AdaFEST+ (Ghazi et al., NeurIPS'23, §3.2 end / §4; DESIGN.md §2 item 6)
+composes the two sparsity mechanisms:
+
+1. before training, each feature keeps ``k`` buckets
+   (:class:`tfdp_sparse.mechanisms.dpfest.BucketSelection`: a public
+   frequency file, or private Gumbel top-k on training counts, charged once
+   by ``setup_event``);
+2. every step runs DP-AdaFEST's filter (:mod:`tfdp_sparse.mechanisms.adafest`)
+   on the preselected domain only: a table's buckets are the positions
+   ``0..k-1`` of its sorted kept set; lookups of non-kept rows are ignored
+   (they neither count towards ``n_i`` nor receive gradient), false positives
+   are drawn among the kept rows that the batch did not look up, and the
+   result is mapped back to row ids. Rows outside the preselected set never
+   change.
+
+Dense variables get DP-SGD noise with ``sigma2``. Accounting: the selection's
+one-off event (RDP accountant only when private, see
+:mod:`tfdp_sparse.mechanisms.dpfest`) plus per step
+``PoissonSampled(q, Gaussian((sigma1^-2 + sigma2^-2)^-1/2))``.
+
+Knobs: DP-FEST's ``k``, ``frequency_file``, ``selection_epsilon``,
+``feature_names``, ``vocab_sizes`` and DP-AdaFEST's ``tau``, ``C1``,
+``sigma1``/``sigma2`` or ``sigma_ratio``.
+
+Example::
+
+    config = PrivacyConfig(algorithm="adafest_plus", noise_multiplier=1.0,
+                           extra=(("k", 5000), ("frequency_file", "prior.csv"),
+                                  ("tau", 2.0), ("sigma_ratio", 5.0)))
+    mech = from_config(config, seed=0)
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import dp_accounting
+import numpy as np
+import tensorflow as tf
+
+from tfdp_sparse.mechanisms import adafest
+from tfdp_sparse.mechanisms.base import Gradient, NoisedGradients
+from tfdp_sparse.mechanisms.dpfest import BucketSelection, selection_from_config
+from tfdp_sparse.mechanisms.dpsgd import noise_dense
+
+
+def to_domain_positions(ids: tf.Tensor, domain: tf.Tensor) -> tf.Tensor:
+    """Positions of ``ids [B, L]`` in the sorted ``domain``; -1 for padding and non-members.
+
+    Example: ids ``[[7, 2, -1]]``, domain ``[2, 5, 7]`` -> ``[[2, 0, -1]]``.
+    """
+    ids = tf.cast(ids, tf.int64)
+    domain = tf.cast(domain, tf.int64)
+    position = tf.searchsorted(domain, tf.reshape(ids, [-1]), side="left")
+    extended = tf.concat([domain, tf.constant([-1], tf.int64)], axis=0)  # sentinel at n
+    member = tf.logical_and(tf.equal(tf.gather(extended, position), tf.reshape(ids, [-1])), tf.reshape(ids, [-1]) >= 0)
+    return tf.reshape(tf.where(member, position, -tf.ones_like(position)), tf.shape(ids))
+
+
+def filter_in_domains(
+    lookups: Sequence[Optional[tf.Tensor]],
+    domains: Sequence[tf.Tensor],
+    *,
+    tau: float,
+    sigma1: float,
+    C1: float,
+    rng: tf.random.Generator,
+) -> list[adafest.TableFilter]:
+    """:func:`adafest.contribution_filter` restricted to sorted candidate sets, in row ids."""
+    positions = [None if ids is None else to_domain_positions(ids, d) for ids, d in zip(lookups, domains)]
+    sizes = [int(d.shape[0]) for d in domains]
+    filters = adafest.contribution_filter(positions, sizes, tau=tau, sigma1=sigma1, C1=C1, rng=rng)
+    out = []
+    for result, domain in zip(filters, domains):
+        out.append(
+            adafest.TableFilter(
+                looked_up=tf.gather(domain, result.looked_up),
+                counts=result.counts,
+                kept_true=tf.gather(domain, result.kept_true),
+                false_positives=tf.gather(domain, result.false_positives),
+            )
+        )
+    return out
+
+
+class AdaFESTPlus(adafest.AdaFEST):
+    """DP-AdaFEST inside DP-FEST's kept sets.
+
+    Args:
+      selection: the preselection (:class:`BucketSelection`).
+      sigma1, sigma2, C1, tau, l2_norm_clip, seed: as for :class:`AdaFEST`.
+    """
+
+    name = "adafest_plus"
+    needs_lookups = True
+
+    def __init__(
+        self,
+        selection: BucketSelection,
+        sigma1: float,
+        sigma2: float,
+        C1: float,
+        tau: float,
+        l2_norm_clip: float,
+        seed: Optional[int] = None,
+    ):
+        super().__init__(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, l2_norm_clip=l2_norm_clip, seed=seed)
+        if not isinstance(selection, BucketSelection):
+            raise TypeError(f"selection must be a BucketSelection, got {type(selection).__name__}")
+        self.selection = selection
+
+    def bind_model(self, model) -> None:
+        """See :meth:`BucketSelection.bind_model`."""
+        self.selection.bind_model(model)
+
+    def select(self, counts_per_table: Sequence) -> list[np.ndarray]:
+        """Private preselection from training counts; see :meth:`BucketSelection.select`."""
+        return self.selection.select(counts_per_table)
+
+    @property
+    def required_accountant(self) -> Optional[str]:
+        return self.selection.required_accountant
+
+    def privatize(
+        self,
+        grads: Sequence[Gradient],
+        variables: Sequence[tf.Variable],
+        is_table: Sequence[bool],
+        lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
+    ) -> NoisedGradients:
+        lookups = adafest.check_lookups(grads, variables, is_table, lookups, "DP-AdaFEST+")
+        kept = self.selection.kept_sets(variables, is_table)
+        tables = [i for i, t in enumerate(is_table) if t]
+        filters = filter_in_domains(
+            [lookups[i] for i in tables],
+            [kept[i] for i in tables],
+            tau=self.tau,
+            sigma1=self.sigma1,
+            C1=self.C1,
+            rng=self.rng,
+        )
+        by_index = dict(zip(tables, filters))
+        stddev = self.sigma2 * self.l2_norm_clip
+        out: list[Gradient] = []
+        count = tf.constant(0, tf.int64)
+        for i, (grad, var) in enumerate(zip(grads, variables)):
+            if i not in by_index:
+                out.append(noise_dense(self, grad, var, stddev))
+                continue
+            result = by_index[i]
+            noised, values = adafest.sparse_noised_gradient(
+                self, grad, var, result.kept_true, result.false_positives, stddev
+            )
+            out.append(noised)
+            count += values
+        return NoisedGradients(out, count)
+
+    def setup_event(self) -> Optional[dp_accounting.DpEvent]:
+        """The preselection's one-off cost (RDP accountant only when private)."""
+        return self.selection.setup_event()
+
+    def describe(self) -> dict:
+        return {**super().describe(), **self.selection.describe()}
+
+
+def from_config(config, seed: Optional[int] = None) -> AdaFESTPlus:
+    """Registry constructor; DP-FEST's selection knobs plus DP-AdaFEST's filter knobs."""
+    return AdaFESTPlus(
+        selection_from_config(config, seed),
+        l2_norm_clip=config.l2_norm_clip,
+        seed=seed,
+        **adafest.noise_settings_from_config(config),
+    )

@@ -1,0 +1,266 @@
+"""DP-AdaFEST memory-efficient filtering: false positives without a length-c map.
+
+DP-AdaFEST (Ghazi et al., NeurIPS'23, §3.2 Alg. 1, App. B.2) keeps bucket j
+at step t if V_t[j] = Σ_i clip(v_i, C1)[j] + C1·N(0, σ1²) ≥ τ. Materialising
+V_t costs O(c) for c buckets. Instead: draw the noise only for buckets with a
+non-zero true count, and note that every zero-count bucket passes
+independently with probability
+
+    p = P[C1·σ1·Z ≥ τ] = Ψ(τ / (σ1·C1)),     Ψ = standard normal survival fn.
+
+**Erratum (DESIGN.md §2 item 5):** the paper writes Ψ(τ/(σ1²·C1²)); the
+noise C1·N(0, σ1²) has standard deviation σ1·C1, not variance-as-divisor.
+Worked example: τ = 4, σ1 = 1, C1 = 2 gives p = Ψ(2) = 0.02275; the paper's
+formula would give Ψ(1) = 0.1587.
+
+The positions of the zero-count buckets that pass form a Bernoulli(p)
+process, so the gaps between consecutive passes are Geometric(p) and the
+work is O(number of false positives) = O(c·p), never O(c).
+
+Excluded ids. The caller handles buckets with a non-zero true count itself.
+We run the Bernoulli process over *all* c positions and drop the positions
+that are excluded. That is exact: the bits of the process are independent,
+so the bits at the non-excluded positions are i.i.d. Bernoulli(p) whatever
+happens at the excluded ones (conditioning on / discarding independent
+coordinates does not change the others' joint law). Skipping a hit does not
+shift later positions, so no bias is introduced.
+
+False-positive rows carry noise only; that is what makes the mechanism DP
+(a bucket's inclusion must not reveal whether its true count was 0).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Union
+
+import numpy as np
+from scipy import stats
+
+__all__ = [
+    "false_positive_probability",
+    "sample_false_positives",
+    "sample_false_positives_tf",
+]
+
+# Below this p numpy's geometric draws (~ up to 40/p) could overflow int64;
+# use the equivalent Binomial-count + uniform-subset sampler instead.
+_MIN_GEOMETRIC_P = 1e-12
+_MAX_BUCKETS = 2 ** 62
+# float64 represents every integer up to 2**53 (TF binomial takes float counts).
+_MAX_BUCKETS_TF = 2 ** 53
+
+
+def false_positive_probability(tau: float, sigma1: float, C1: float) -> float:
+    """P[a zero-count bucket passes the threshold] = Ψ(τ/(σ1·C1)).
+
+    Args:
+      tau: threshold τ >= 0 on the noisy contribution map.
+      sigma1: noise multiplier σ1 > 0 of the contribution map.
+      C1: clip norm C1 > 0 of the contribution vectors.
+
+    Example:
+      >>> round(false_positive_probability(4.0, 1.0, 2.0), 6)   # Ψ(2)
+      0.02275
+    """
+    for name, value in (("tau", tau), ("sigma1", sigma1), ("C1", C1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value):
+            raise ValueError(f"{name}={value!r} must be a finite number")
+    if tau < 0:
+        raise ValueError(
+            f"tau={tau!r} must be >= 0: a negative threshold keeps more than "
+            "half of all buckets and defeats sparse filtering")
+    if sigma1 <= 0:
+        raise ValueError(f"sigma1={sigma1!r} must be > 0 (noise multiplier of the map)")
+    if C1 <= 0:
+        raise ValueError(f"C1={C1!r} must be > 0 (clip norm of contribution vectors)")
+    return float(stats.norm.sf(tau / (sigma1 * C1)))
+
+
+def _check_num_buckets(num_buckets, limit: int) -> int:
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, numbers.Integral) \
+            or not 0 <= num_buckets <= limit:
+        raise ValueError(
+            f"num_buckets={num_buckets!r} must be an integer in [0, {limit}]")
+    return int(num_buckets)
+
+
+def _check_p(p) -> float:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
+        raise ValueError(f"p={p!r} must be a probability in [0, 1]")
+    return float(p)
+
+
+def _uniform_distinct(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """k distinct uniform positions in [0, n), memory O(k).
+
+    Draws i.i.d. uniforms and tops up the duplicates; the procedure is
+    invariant under permutations of [0, n), so the final set is a uniform
+    k-subset.
+    """
+    chosen = np.zeros(0, dtype=np.int64)
+    while chosen.size < k:
+        extra = rng.integers(0, n, size=k - chosen.size, dtype=np.int64)
+        chosen = np.union1d(chosen, extra)
+    return chosen
+
+
+def sample_false_positives(num_buckets: int, excluded_sorted_ids,
+                           p: float, rng: np.random.Generator) -> np.ndarray:
+    """Sorted positions in [0, num_buckets) that pass, excluded ids removed.
+
+    Each non-excluded position is included independently with probability
+    ``p``. Positions are generated with Geometric(p) gaps over the whole range
+    (``rng.geometric``), and positions that land on an excluded id are
+    dropped (exact; see the module docstring). Time and memory are
+    O(num_buckets·p + len(excluded)), never O(num_buckets). For p < 1e-12 the
+    equivalent "K ~ Binomial(num_buckets, p), then a uniform K-subset" sampler
+    is used (geometric gaps of order 1/p would overflow int64).
+
+    Args:
+      num_buckets: size c of the id space (up to 2**62).
+      excluded_sorted_ids: strictly increasing int ids in [0, num_buckets)
+        (buckets with a non-zero true count, handled by the caller).
+      p: per-bucket pass probability, e.g. :func:`false_positive_probability`.
+      rng: numpy Generator.
+
+    Returns:
+      Sorted, unique int64 ids.
+
+    Example:
+      >>> rng = np.random.default_rng(0)
+      >>> ids = sample_false_positives(10**9, np.array([5, 17]), 2.9e-7, rng)
+      >>> ids.size   # expected 10**9 * 2.9e-7 = 290
+      258
+    """
+    n = _check_num_buckets(num_buckets, _MAX_BUCKETS)
+    p = _check_p(p)
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    excluded = np.asarray(excluded_sorted_ids)
+    if excluded.ndim != 1:
+        raise ValueError(
+            f"excluded_sorted_ids must be 1-D, got shape {excluded.shape}")
+    if excluded.size:
+        if not np.issubdtype(excluded.dtype, np.integer):
+            raise ValueError(
+                f"excluded_sorted_ids must be integers, got dtype {excluded.dtype}")
+        excluded = excluded.astype(np.int64, copy=False)
+        if excluded[0] < 0 or excluded[-1] >= n:
+            raise ValueError(
+                f"excluded_sorted_ids must lie in [0, num_buckets={n}), got "
+                f"{excluded[0]}..{excluded[-1]}")
+        if np.any(excluded[1:] <= excluded[:-1]):
+            raise ValueError("excluded_sorted_ids must be strictly increasing "
+                             "(sorted, no duplicates)")
+    if n == 0 or p == 0.0:
+        return np.zeros(0, dtype=np.int64)
+
+    if p < _MIN_GEOMETRIC_P:
+        positions = _uniform_distinct(rng, n, int(rng.binomial(n, p)))
+    else:
+        pieces = []
+        last = -1  # position of the previous success
+        while True:
+            remaining = (n - 1 - last) * p
+            size = int(min(remaining + 6.0 * math.sqrt(remaining) + 16.0, 1 << 22))
+            cs = last + np.cumsum(rng.geometric(p, size=size).astype(np.int64))
+            inside = cs[cs < n]
+            pieces.append(inside)
+            if inside.size < cs.size:
+                break
+            last = int(cs[-1])
+        positions = np.concatenate(pieces)
+
+    if excluded.size and positions.size:
+        idx = np.searchsorted(excluded, positions)
+        hit = excluded[np.minimum(idx, excluded.size - 1)] == positions
+        positions = positions[~hit]
+    return positions
+
+
+def sample_false_positives_tf(num_buckets, excluded_ids, p, seed):
+    """TensorFlow version, usable inside ``tf.function``; int64 ids, sorted.
+
+    Same distribution as :func:`sample_false_positives`, drawn differently so
+    that it is stateless and vectorised:
+
+    1. K ~ Binomial(num_buckets, p) with ``tf.random.stateless_binomial``
+       (exact: inversion / BTRS rejection, O(1) in num_buckets) — the number
+       of successes of the Bernoulli process over all positions.
+    2. Given K, the set of successes is a uniform K-subset of
+       [0, num_buckets). We draw uniform 64-bit words, keep those below the
+       largest multiple of num_buckets (rejection: exactly uniform, unlike
+       ``stateless_uniform(maxval=...)`` whose modulo has a tiny bias), reduce
+       mod num_buckets, de-duplicate and top up in a ``tf.while_loop`` until K
+       distinct positions exist.
+    3. Excluded ids are dropped (exact by independence, as in the numpy
+       version).
+
+    Memory O(K + len(excluded_ids)), never O(num_buckets).
+
+    Args:
+      num_buckets: Python int or scalar int64 tensor, <= 2**53.
+      excluded_ids: 1-D int tensor of ids to drop (any order, may be empty).
+      p: pass probability (Python float or scalar float64 tensor).
+      seed: shape-[2] int tensor (stateless RNG seed).
+
+    Returns:
+      1-D int64 tensor of sorted ids.
+
+    Example::
+
+      ids = sample_false_positives_tf(10**9, tf.constant([5], tf.int64),
+                                      2.9e-7, seed=[1, 2])
+    """
+    import tensorflow as tf  # local: keep the numpy half importable without TF
+
+    if isinstance(num_buckets, numbers.Integral):
+        _check_num_buckets(num_buckets, _MAX_BUCKETS_TF)
+        if num_buckets == 0:
+            return tf.zeros([0], tf.int64)
+    if isinstance(p, numbers.Real):
+        _check_p(p)
+    n = tf.cast(tf.convert_to_tensor(num_buckets), tf.int64)
+    p_t = tf.cast(tf.convert_to_tensor(p), tf.float64)
+    seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
+    excluded = tf.cast(tf.reshape(tf.convert_to_tensor(excluded_ids), [-1]), tf.int64)
+
+    seeds = tf.random.experimental.stateless_split(seed, num=2)
+    k = tf.random.stateless_binomial(
+        shape=[], seed=seeds[0], counts=tf.cast(n, tf.float64), probs=p_t,
+        output_dtype=tf.int64)
+
+    n_u = tf.cast(tf.maximum(n, 1), tf.uint64)
+    # Largest multiple of n not exceeding 2**64 - 1: words below it are
+    # uniform modulo n.
+    limit = (tf.constant(np.iinfo(np.uint64).max, tf.uint64) // n_u) * n_u
+
+    def cond(i, chosen):
+        return tf.size(chosen, out_type=tf.int64) < k
+
+    def body(i, chosen):
+        need = k - tf.size(chosen, out_type=tf.int64)
+        words = tf.random.stateless_uniform(
+            tf.reshape(need, [1]),
+            seed=tf.random.experimental.stateless_fold_in(seeds[1], i),
+            minval=None, maxval=None, dtype=tf.uint64)
+        words = tf.boolean_mask(words, words < limit)
+        new = tf.cast(words % n_u, tf.int64)
+        chosen, _ = tf.unique(tf.concat([chosen, new], axis=0))
+        return i + 1, chosen
+
+    _, chosen = tf.while_loop(
+        cond, body, (tf.constant(0, tf.int64), tf.zeros([0], tf.int64)),
+        shape_invariants=(tf.TensorShape([]), tf.TensorShape([None])))
+    chosen = tf.sort(chosen)
+
+    # Drop excluded ids: append the sentinel n (never a position) so the
+    # searchsorted index is always valid, even for an empty exclusion list.
+    sentinel = tf.reshape(n, [1])
+    excl = tf.concat([tf.sort(excluded), sentinel], axis=0)
+    idx = tf.searchsorted(excl, chosen, side="left")
+    hit = tf.equal(tf.gather(excl, idx), chosen)
+    return tf.boolean_mask(chosen, tf.logical_not(hit))

@@ -1,0 +1,75 @@
+"""The trainers' output: progress logging and the final JSON metrics line.
+
+Example::
+
+    metrics = metrics_line(result, auc=0.74, dense_embedding_values=5_000_000)
+    emit(metrics, "/tmp/metrics.json")   # prints one JSON line, writes the file
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from typing import Optional
+
+from trainers.loop import TrainResult
+
+SHUFFLE_NOTE = (
+    "fixed-size shuffled batches: epsilon assumes Poisson sampling (the usual approximation, not a proof)"
+)
+
+
+def setup_logging() -> None:
+    """Progress lines on stderr (the JSON result goes to stdout)."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True
+    )
+
+
+def _round(x: Optional[float], digits: int = 4):
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return None
+    return round(float(x), digits)
+
+
+def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_values: int, extra: Optional[dict] = None) -> dict:
+    """The summary of a run; ``epsilon`` is ``None`` with a note when not available."""
+    privacy = result.privacy
+    line = {
+        "algorithm": privacy.algorithm,
+        "auc": _round(auc),
+        "epsilon": _round(result.epsilon),
+        "delta": result.delta,
+        "noise_multiplier": _round(result.noise_multiplier),
+        "l2_norm_clip": privacy.l2_norm_clip if privacy.algorithm != "sgd" else None,
+        "accountant": privacy.accountant,
+        "sampling": privacy.sampling,
+        "steps": result.steps,
+        "stop_reason": result.stop_reason,
+        "examples_per_sec": _round(result.examples_per_sec, 1),
+        "step_ms": _round(result.step_ms, 2),
+        "gradient_size": _round(result.mean_embedding_values, 1),
+        "gradient_size_reduction": _round(dense_embedding_values / max(result.mean_embedding_values, 1.0), 2),
+    }
+    if result.epsilon is None:
+        line["epsilon_note"] = "not available: " + (result.epsilon_note or "no (epsilon, delta) guarantee")
+    if privacy.sampling == "shuffle" and result.epsilon is not None:
+        line["epsilon_note"] = SHUFFLE_NOTE
+    for name, value in privacy.extra:
+        line[name] = value
+    if extra:
+        line.update(extra)
+    return line
+
+
+def emit(metrics: dict, path: Optional[str] = None) -> None:
+    """Prints ``metrics`` as one JSON line and writes it to ``path``."""
+    text = json.dumps(metrics, sort_keys=False)
+    print(text, flush=True)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text + "\n")

@@ -372,6 +372,7 @@ def run_config(algorithm: str, vocab_or_scale, settings: dict) -> dict:
         embedding_values=values,
         optimizer_values=int(sum(v.shape.num_elements() for v in optimizer.variables)),
         mechanism=_jsonable(mechanism.describe()),
+        load_avg_1m=round(os.getloadavg()[0], 2),  # other work on the machine skews timings
     )
     flush = getattr(mechanism, "flush", None)
     if callable(flush):

@@ -230,9 +230,10 @@ def contribution_filter(
 
     Example::
 
-        out = contribution_filter([ids], [10**9], tau=4.0, sigma1=1.0, C1=2.0,
+        out = contribution_filter([ids], [10**9], tau=10.0, sigma1=1.0, C1=2.0,
                                   rng=tf.random.Generator.from_seed(0))
-        out[0].false_positives   # ~ 10**9 * Psi(2) = 2.3e7 ids ... choose tau larger!
+        out[0].kept_true         # looked-up ids with noisy count >= 10
+        out[0].false_positives   # ~ 10**9 * Psi(10 / 2) = 287 never-looked-up ids
     """
     validate_filter_settings(tau, sigma1, C1)
     if len(lookups) != len(num_buckets):

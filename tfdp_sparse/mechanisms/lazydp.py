@@ -64,6 +64,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Optional, Sequence
 
@@ -86,12 +87,32 @@ except ImportError:  # pragma: no cover
 
 _INITIAL_STEPS = 1024
 
+#: LazyDP builds its control flow with tf.cond / tf.while_loop explicitly;
+#: skipping autograph's conversion keeps tracing fast.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
 #: layer -> mechanisms bound to it (lets guards find the mechanisms of a model).
 _BOUND: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _in_save_context() -> bool:
     return bool(_save_context is not None and _save_context.in_save_context())
+
+
+@functools.lru_cache(maxsize=None)
+def _export_error_type() -> type:
+    """A :class:`tfdp_sparse.export.PendingNoiseError` that keeps its type when raised while tracing.
+
+    Autograph re-raises errors from traced code as their own type only when
+    the constructor is ``Exception.__init__``; otherwise they surface as
+    ``StagingError``.
+    """
+    from tfdp_sparse.export import PendingNoiseError  # leaf module (imports TensorFlow only)
+
+    class ExportWithPendingNoiseError(PendingNoiseError):
+        __init__ = Exception.__init__
+
+    return ExportWithPendingNoiseError
 
 
 def parse_bool(value, name: str) -> bool:
@@ -358,9 +379,7 @@ class LazyDP(Mechanism):
         with tf.init_scope():
             pending = bool(self._table_pending(i, opt).numpy())
         if pending:
-            from tfdp_sparse.export import PendingNoiseError
-
-            raise PendingNoiseError(
+            raise _export_error_type()(
                 f"refusing to trace table {self._tables.names[i]!r} for a SavedModel: LazyDP has pending noise "
                 "on its rows (exporting it would reveal which rows were never touched); call "
                 "mechanism.flush() first (or tfdp_sparse.keras.lazy.ensure_flushed)"
@@ -369,6 +388,7 @@ class LazyDP(Mechanism):
     # ------------------------------------------------------------------
     # Read hooks
 
+    @_no_autograph
     def _catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
         """Training read: rows about to be read receive all their pending noise."""
         i = self._tables.index.get(table.ref())
@@ -392,6 +412,7 @@ class LazyDP(Mechanism):
             history_op = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))
         return tf.group(table_op, history_op)
 
+    @_no_autograph
     def _inference_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
         """Read outside training: flush the whole table first if it may owe noise."""
         i = self._tables.index.get(table.ref())
@@ -414,6 +435,7 @@ class LazyDP(Mechanism):
     # ------------------------------------------------------------------
     # Flush
 
+    @_no_autograph
     def _flush_table(self, i: int, opt):
         table, history = self._tables.variables[i], self._histories[i]
         k = tf.cast(opt.iterations, tf.int32)
@@ -425,6 +447,7 @@ class LazyDP(Mechanism):
             flushed_op = self._flushed_at[i].assign(tf.cast(k, tf.int64))
         return tf.group(table_op, history_op, flushed_op)
 
+    @_no_autograph
     def flush(self) -> None:
         """Applies all pending noise to every row of every bound table (one dense pass each).
 
@@ -460,6 +483,7 @@ class LazyDP(Mechanism):
                 out[name] = int(tf.reduce_sum(tf.cast(history < k, tf.int64)).numpy())
         return out
 
+    @_no_autograph
     def reset_state(self) -> None:
         """Marks every row caught up at step 0 and clears the rate sum (graph-safe).
 
@@ -487,6 +511,7 @@ class LazyDP(Mechanism):
     # ------------------------------------------------------------------
     # The mechanism contract
 
+    @_no_autograph
     def privatize(
         self,
         grads: Sequence[Gradient],

@@ -119,3 +119,13 @@ def test_bad_mechanism_settings(kwargs, match):
 def test_optimizer_refuses_sensitivity_changing_options():
     with pytest.raises(ValueError, match="clipnorm"):
         DPOptimizer(DPSGD(1.0, 1.0), 0.1, clipnorm=1.0)
+
+
+def test_zero_momentum_allocates_no_table_sized_slots():
+    """Keras SGD would keep a dense momentum slot per table and update it every step."""
+    x, y = _data(n=4)
+    model = _model(vocab=1000)
+    opt = DPOptimizer(NonPrivate(), learning_rate=0.1)
+    step = PrivateStep(model, lambda y, p: tf.reshape(tf.nn.sigmoid_cross_entropy_with_logits(y, p), [-1]), opt)
+    step(tf.constant(x), tf.constant(y))
+    assert max(int(np.prod(v.shape)) for v in opt.variables) < 1000

@@ -422,3 +422,12 @@ def test_refuses_unbound_or_unbuilt_models():
     step = PrivateStep(model, _bce, DPOptimizer(mech, 0.1, expected_batch_size=4))
     with pytest.raises(ValueError, match="bind_model"):
         step(tf.constant([[0, 1]] * 4, tf.int64), tf.zeros([4]))
+
+
+def test_refuses_jit_compile():
+    model = _pooled_model(10, 2)
+    mech = LazyDP(1.0, 1.0)
+    mech.bind_model(model)
+    step = PrivateStep(model, _bce, DPOptimizer(mech, 0.1, expected_batch_size=4), jit_compile=True)
+    with pytest.raises(ValueError, match="jit_compile"):
+        step(tf.constant([[0, 1]] * 4, tf.int64), tf.zeros([4]))

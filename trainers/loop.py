@@ -57,6 +57,8 @@ class LoopConfig:
     checkpoint_every: int = 1000
     log_every: int = 100
     jit_compile: bool = False
+    dense_optimizer: str = "sgd"
+    dense_learning_rate: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -93,6 +95,19 @@ def _validate(arrays: Mapping[str, np.ndarray], loop: LoopConfig) -> int:
     if not loop.learning_rate > 0:
         raise ValueError(f"learning_rate must be > 0, got {loop.learning_rate}")
     return n
+
+
+def make_dense_optimizer(name: str, learning_rate: Optional[float]) -> Optional[tf.keras.optimizers.Optimizer]:
+    """Optimizer for non-table variables: ``sgd`` (the DP optimizer's own SGD) or ``adam``/``adagrad``."""
+    if name == "sgd":
+        return None
+    if learning_rate is None or not learning_rate > 0:
+        raise ValueError(f"dense_learning_rate must be > 0 with dense_optimizer={name!r}, got {learning_rate!r}")
+    if name == "adam":
+        return tf.keras.optimizers.Adam(learning_rate)
+    if name == "adagrad":
+        return tf.keras.optimizers.Adagrad(learning_rate)
+    raise ValueError(f"dense_optimizer must be 'sgd', 'adam' or 'adagrad', got {name!r}")
 
 
 def batch_indices(sampling: str, num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
@@ -221,7 +236,12 @@ def train_privately(
     bind = getattr(mechanism, "bind_model", None)
     if bind is not None:
         bind(model)
-    optimizer = DPOptimizer(mechanism, learning_rate=loop.learning_rate, expected_batch_size=loop.batch_size)
+    optimizer = DPOptimizer(
+        mechanism,
+        learning_rate=loop.learning_rate,
+        expected_batch_size=loop.batch_size,
+        dense_optimizer=make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate),
+    )
     step_fn = PrivateStep(model, loss_fn, optimizer, jit_compile=loop.jit_compile)
     event, not_private = _step_event(mechanism, q)
 

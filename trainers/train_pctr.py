@@ -49,7 +49,9 @@ flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"], "batch sampling
 flags.DEFINE_integer("batch_size", 1024, "(expected) batch size B")
 flags.DEFINE_integer("steps", None, "training steps (or use --epochs)")
 flags.DEFINE_float("epochs", None, "training epochs (steps = epochs * N / B)")
-flags.DEFINE_float("learning_rate", 0.5, "SGD learning rate")
+flags.DEFINE_float("learning_rate", 5.0, "SGD learning rate of the embedding tables (and of dense layers with --dense_optimizer=sgd)")
+flags.DEFINE_enum("dense_optimizer", "adam", ["sgd", "adam", "adagrad"], "optimizer of the dense layers (post-processing: privacy unchanged)")
+flags.DEFINE_float("dense_learning_rate", 1e-3, "learning rate of --dense_optimizer (unless sgd)")
 flags.DEFINE_string("data", "synthetic", "'synthetic' or the path of a Criteo Kaggle TSV (optionally .gz)")
 flags.DEFINE_string("eval_data", None, "Criteo TSV for evaluation (default: last --eval_fraction of --data)")
 flags.DEFINE_float("eval_fraction", 0.1, "held-out fraction when --eval_data is not given")
@@ -148,7 +150,7 @@ def load_data(config: DataConfig):
 
 def evaluate_auc(model: tf.keras.Model, arrays, batch_size: int = 8192) -> float:
     """ROC AUC of the model's logits on ``arrays``."""
-    predict = tf.function(lambda x: model(x, training=False))
+    predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True, autograph=False)
     scores = []
     for start in range(0, len(arrays["label"]), batch_size):
         x = {"cat": arrays["cat"][start : start + batch_size], "dense": arrays["dense"][start : start + batch_size]}
@@ -236,6 +238,8 @@ def run_from_flags() -> PctrRun:
         model_dir=FLAGS.model_dir,
         checkpoint_every=FLAGS.checkpoint_every,
         log_every=FLAGS.log_every,
+        dense_optimizer=FLAGS.dense_optimizer,
+        dense_learning_rate=FLAGS.dense_learning_rate,
     )
     return PctrRun(
         privacy=privacy,

@@ -57,6 +57,10 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         expectation); ``None`` divides by the actual batch size.
       momentum: SGD momentum; must be 0 for mechanisms that need plain SGD
         on tables (the mechanism refuses otherwise).
+      dense_optimizer: optional optimizer for the non-table variables (e.g.
+        Adam); it only post-processes the privatized gradient, so privacy is
+        unchanged. Tables always use this optimizer's SGD at
+        ``learning_rate``.
     """
 
     def __init__(
@@ -66,6 +70,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         expected_batch_size: Optional[int] = None,
         momentum: float = 0.0,
         name: str = "DPOptimizer",
+        dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None,
         **kwargs,
     ):
         for key in _REFUSED_KWARGS:
@@ -81,11 +86,31 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         super().__init__(learning_rate=learning_rate, momentum=momentum, name=name, **kwargs)
         self.mechanism = mechanism
         self.expected_batch_size = expected_batch_size
+        if dense_optimizer is not None and not isinstance(dense_optimizer, tf.keras.optimizers.Optimizer):
+            raise TypeError(f"dense_optimizer must be a tf.keras optimizer, got {type(dense_optimizer).__name__}")
+        self.dense_optimizer = dense_optimizer
         check = getattr(mechanism, "check_optimizer", None)
         if check is not None:
             check(self)
         self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
         self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
+
+    def build(self, var_list):
+        """Like ``SGD.build`` but without momentum slots when momentum is 0.
+
+        Keras' SGD allocates a table-sized slot per variable even at zero
+        momentum and then updates it densely every step (``m.assign(m * 0)``,
+        ``var.assign_add(m)``), which would make every "sparse" update cost
+        O(vocabulary). With no slot, SGD applies ``IndexedSlices`` with one
+        ``scatter_add`` of the touched rows.
+        """
+        if self.momentum != 0:
+            return super().build(var_list)
+        super(tf.keras.optimizers.SGD, self).build(var_list)
+        if getattr(self, "_built", False):
+            return
+        self.momentums = [None] * len(var_list)
+        self._built = True
 
     def private_step(self, per_example_loss: tf.Tensor, var_list, tape: tf.GradientTape) -> tf.Operation:
         """Clip, noise and apply one step (the body of ``minimize``)."""
@@ -113,7 +138,16 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             fraction = tf.reduce_mean(tf.cast(clipped.norms > clip_norm, tf.float32))
             updates.append(self.last_clipped_fraction.assign(fraction))
         with tf.control_dependencies(updates):
-            return self.apply_gradients(pairs)
+            if self.dense_optimizer is None:
+                return self.apply_gradients(pairs)
+            tables = {v.ref() for v, t in zip(var_list, clipped.is_table) if t}
+            dense_pairs = [(g, v) for g, v in pairs if v.ref() not in tables]
+            table_pairs = [(g, v) for g, v in pairs if v.ref() in tables]
+            # Post-processing of the noised gradient: any optimizer is fine
+            # for dense variables; tables keep this optimizer's plain SGD.
+            dense_op = self.dense_optimizer.apply_gradients(dense_pairs)
+            with tf.control_dependencies([dense_op]):
+                return self.apply_gradients(table_pairs)
 
     def minimize(self, loss, var_list, tape=None):
         """Keras entry point: ``loss`` must be the per-example loss vector."""

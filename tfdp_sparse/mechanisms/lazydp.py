@@ -46,7 +46,8 @@ reproduce), a fixed ``expected_batch_size`` (the deferred noise is scaled by
 (a plain ``tf.keras.layers.Embedding`` cannot be caught up before it is
 read: refused, or given dense DP-SGD noise with ``dense_fallback=True``).
 Every bound, trainable table is assumed to be trained at every step (as in
-DP-SGD, which noises all trainable variables).
+DP-SGD, which noises all trainable variables). ``jit_compile`` is refused
+(catch-up reads a data-dependent number of rows).
 
 ``aggregate=False`` draws one Gaussian per skipped step and row (the paper's
 baseline without aggregated sampling, for benchmarks); same distribution,
@@ -93,6 +94,23 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 
 #: layer -> mechanisms bound to it (lets guards find the mechanisms of a model).
 _BOUND: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _in_xla_context() -> bool:
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def _refuse_xla() -> None:
+    if _in_xla_context():
+        raise ValueError(
+            "LazyDP does not support jit_compile=True: catching rows up reads a data-dependent number of "
+            "rows and the rate history grows, which XLA cannot compile; use jit_compile=False (a "
+            "performance setting only)"
+        )
 
 
 def _in_save_context() -> bool:
@@ -400,6 +418,7 @@ class LazyDP(Mechanism):
         opt = self._optimizer()
         if opt is None:  # no step has run: nothing is pending
             return None
+        _refuse_xla()
         ids = tf.cast(unique_ids, tf.int64)
         history = self._histories[i]
         k = tf.cast(opt.iterations, tf.int32)
@@ -522,6 +541,7 @@ class LazyDP(Mechanism):
     ) -> NoisedGradients:
         """Sparse noise on touched rows of bound tables, dense noise elsewhere (see module doc)."""
         opt = self._optimizer(required="privatize")
+        _refuse_xla()
         if any(is_table) and not self._tables.bound:
             raise ValueError(
                 "LazyDP.privatize: call mechanism.bind_model(model) before training, so the rows of every "

@@ -10,12 +10,25 @@ progress, and keeps checkpoints (model, optimizer, mechanism state including
 its random generator, the ledger, and the privacy settings) so a resumed run
 continues its step count and ε.
 
+Resumes are exact: the batch of step ``t`` is a pure function of
+``(seed, t)`` (:func:`batch_indices`) and every piece of state a step reads
+(weights, both optimizers' slots and iteration counters, the mechanism's
+generator and variables, the ledger) is in the checkpoint, so ``10 + 10``
+steps give the same weights and ε as ``20`` uninterrupted steps.
+
+Budget (DESIGN §4). With ``privacy.target_epsilon``:
+
+* ``LoopConfig.calibrate_noise=True`` (default): σ is the smallest that lets
+  ``steps`` steps (plus any one-off selection cost) stay within the target;
+* ``calibrate_noise=False``: σ is kept and training stops before the step
+  that would exceed the target; ``TrainResult.stop_reason`` says so.
+
 Example::
 
     result = train_privately(model, per_example_loss, arrays, privacy,
                              LoopConfig(batch_size=512, steps=100,
                                         learning_rate=0.1))
-    result.epsilon, result.steps
+    result.epsilon, result.steps, result.stop_reason
 """
 
 from __future__ import annotations
@@ -23,10 +36,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import time
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import dp_accounting
 import numpy as np
@@ -40,6 +52,9 @@ from tfdp_sparse.mechanisms.base import Mechanism
 
 log = logging.getLogger("tfdp_sparse.train")
 
+#: Version of what the checkpoint's ``privacy`` variable holds.
+_RUN_FORMAT = "tfdp_sparse.run_privacy/1"
+
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
@@ -47,6 +62,11 @@ class LoopConfig:
 
     (Batch size and steps *do* enter the accounting; they are here because
     they are also what a user tunes for speed, and the ledger records them.)
+
+    Attributes:
+      calibrate_noise: with ``target_epsilon``, choose σ so that ``steps``
+        fit the budget (True) or keep the given σ and stop when the budget
+        is spent (False).
     """
 
     batch_size: int
@@ -59,6 +79,7 @@ class LoopConfig:
     jit_compile: bool = False
     dense_optimizer: str = "sgd"
     dense_learning_rate: Optional[float] = None
+    calibrate_noise: bool = True
 
 
 @dataclasses.dataclass
@@ -79,21 +100,31 @@ class TrainResult:
     optimizer: DPOptimizer
     ledger: accounting.PrivacyLedger
     privacy: PrivacyConfig
+    resumed_from_step: int = 0
 
 
 def _validate(arrays: Mapping[str, np.ndarray], loop: LoopConfig) -> int:
     sizes = {k: len(v) for k, v in arrays.items()}
+    if not sizes:
+        raise ValueError("training arrays are empty: give at least a feature array and 'label'")
     n = next(iter(sizes.values()))
     if any(s != n for s in sizes.values()):
         raise ValueError(f"training arrays have different lengths: {sizes}")
-    if loop.batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {loop.batch_size}")
+    if isinstance(loop.batch_size, bool) or int(loop.batch_size) != loop.batch_size or loop.batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {loop.batch_size!r}")
     if loop.batch_size > n:
-        raise ValueError(f"batch_size={loop.batch_size} is larger than the training set ({n} examples)")
-    if loop.steps < 1:
-        raise ValueError(f"steps must be >= 1, got {loop.steps}")
-    if not loop.learning_rate > 0:
-        raise ValueError(f"learning_rate must be > 0, got {loop.learning_rate}")
+        raise ValueError(
+            f"batch_size={loop.batch_size} is larger than the training set ({n} examples): the sampling "
+            "probability B/N would exceed 1; use a smaller batch or more data"
+        )
+    if isinstance(loop.steps, bool) or int(loop.steps) != loop.steps or loop.steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {loop.steps!r}")
+    if not np.isfinite(loop.learning_rate) or not loop.learning_rate > 0:
+        raise ValueError(f"learning_rate must be a finite number > 0, got {loop.learning_rate!r}")
+    for name in ("checkpoint_every", "log_every"):
+        value = getattr(loop, name)
+        if isinstance(value, bool) or int(value) != value or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return n
 
 
@@ -101,13 +132,13 @@ def make_dense_optimizer(name: str, learning_rate: Optional[float]) -> Optional[
     """Optimizer for non-table variables: ``sgd`` (the DP optimizer's own SGD) or ``adam``/``adagrad``."""
     if name == "sgd":
         return None
-    if learning_rate is None or not learning_rate > 0:
+    if name not in ("adam", "adagrad"):
+        raise ValueError(f"dense_optimizer must be 'sgd', 'adam' or 'adagrad', got {name!r}")
+    if learning_rate is None or not np.isfinite(learning_rate) or not learning_rate > 0:
         raise ValueError(f"dense_learning_rate must be > 0 with dense_optimizer={name!r}, got {learning_rate!r}")
     if name == "adam":
         return tf.keras.optimizers.Adam(learning_rate)
-    if name == "adagrad":
-        return tf.keras.optimizers.Adagrad(learning_rate)
-    raise ValueError(f"dense_optimizer must be 'sgd', 'adam' or 'adagrad', got {name!r}")
+    return tf.keras.optimizers.Adagrad(learning_rate)
 
 
 def batch_indices(sampling: str, num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
@@ -130,16 +161,31 @@ def _step_event(mechanism: Mechanism, q: float):
     """``(event, None)`` for a DP step, ``(None, reason)`` when the step has no guarantee."""
     event = mechanism.step_event(q)
     if event is None or isinstance(event, dp_accounting.NonPrivateDpEvent):
-        return None, mechanism.not_private_reason() or "the mechanism gives no (epsilon, delta) guarantee"
+        reason = mechanism.not_private_reason()
+        if reason is None:
+            sigma = getattr(mechanism, "noise_multiplier", None)
+            reason = (
+                f"noise_multiplier={sigma} adds no noise" if sigma == 0
+                else "the mechanism gives no (epsilon, delta) guarantee"
+            )
+        return None, reason
     return event, None
 
 
-def _setup_ledger(mechanism: Mechanism) -> accounting.PrivacyLedger:
-    ledger = accounting.PrivacyLedger()
-    setup = mechanism.setup_event()
-    if setup is not None:
-        ledger.record(setup)
-    return ledger
+def check_accountant(mechanism: Mechanism, accountant: str) -> None:
+    """Refuses a run whose mechanism's one-off event needs another accountant.
+
+    DP-FEST / DP-AdaFEST+ with private selection (``selection_epsilon``)
+    charge the selection as ρ-zCDP, which only the RDP accountant may compose
+    (``mechanism.required_accountant == "rdp"``).
+    """
+    required = getattr(mechanism, "required_accountant", None)
+    if required is not None and required != accountant:
+        raise ValueError(
+            f"accountant={accountant!r} cannot account {mechanism.name}'s one-off selection event, which is "
+            f"only valid in the {required!r} accountant (private selection is rho-zCDP). "
+            f"Use --accountant={required} (or a public frequency_file instead of selection_epsilon)"
+        )
 
 
 def calibrate(
@@ -148,49 +194,117 @@ def calibrate(
     q: float,
     steps: int,
     delta: float,
+    setup_event: Optional[dp_accounting.DpEvent] = None,
 ) -> PrivacyConfig:
     """``privacy`` with the smallest ``noise_multiplier`` whose run meets ``target_epsilon``.
 
-    Works for any mechanism whose events depend on ``noise_multiplier``: it
-    bisects on σ over the full ledger (setup event + ``steps`` step events).
+    Works for any mechanism whose step event depends on ``noise_multiplier``:
+    it bisects on σ over the full ledger (``setup_event`` + ``steps`` step
+    events). ``setup_event`` (a one-off cost such as a private selection)
+    must not depend on σ.
     """
     target = privacy.target_epsilon
 
-    def eps(sigma: float) -> float:
+    def eps(sigma: float, accountant: str) -> float:
         mech = build(dataclasses.replace(privacy, noise_multiplier=sigma))
         event, reason = _step_event(mech, q)
         if event is None:
             raise ValueError(f"--target_epsilon cannot be met by {privacy.algorithm}: {reason}")
-        ledger = _setup_ledger(mech)
+        ledger = accounting.PrivacyLedger()
+        if setup_event is not None:
+            ledger.record(setup_event)
         ledger.record_step(event, steps)
-        return ledger.epsilon(delta, privacy.accountant)
+        return ledger.epsilon(delta, accountant)
 
+    def bisect(accountant: str, lo: float, hi: float, rel_tol: float) -> float:
+        # Invariant: eps(hi) <= target < eps(lo) (lo may be 0).
+        while hi - lo > rel_tol * hi:
+            mid = (lo + hi) / 2
+            if eps(mid, accountant) > target:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    # Bracket and solve with the fast RDP accountant first. RDP's epsilon is an
+    # upper bound of PLD's, so sigma_rdp meets the target under PLD as well and
+    # the PLD search only has to look below it.
     lo, hi = 0.0, 1.0
-    while eps(hi) > target:
+    while eps(hi, "rdp") > target:
         lo, hi = hi, hi * 2
         if hi > 1e4:
             raise ValueError(f"target_epsilon={target} is unreachable with {steps} steps at q={q:.3g}")
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        if eps(mid) > target:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-3 * hi:
-            break
+    hi = bisect("rdp", lo, hi, 1e-3)
+    if privacy.accountant == "pld":
+        hi = bisect("pld", hi / 2, hi, 5e-3)
     return dataclasses.replace(privacy, noise_multiplier=hi)
 
 
-def _checkpoint(model, optimizer, mechanism, ledger_var, config_var):
-    return tf.train.Checkpoint(
-        model=model, optimizer=optimizer, mechanism=mechanism, ledger=ledger_var, privacy=config_var
-    )
+def _probe_setup_event(build, privacy: PrivacyConfig, model) -> Optional[dp_accounting.DpEvent]:
+    """The one-off event of ``privacy``'s mechanism, from a throw-away instance.
+
+    A selection's size may only be known from the model's tables (e.g.
+    DP-FEST with one ``k`` for every feature): then the probe is bound to
+    the model. (Mechanisms that hook the model, like LazyDP, have no setup
+    event and are never bound here.)
+    """
+    probe = build(privacy)
+    try:
+        return probe.setup_event()
+    except ValueError:
+        bind = getattr(probe, "bind_model", None)
+        if bind is None:
+            raise
+        bind(model)
+        return probe.setup_event()
 
 
 def _flush(mechanism: Mechanism) -> None:
     flush = getattr(mechanism, "flush", None)
     if flush is not None:
         flush()
+
+
+def _identity(privacy: PrivacyConfig, calibrating: bool) -> dict:
+    """The privacy settings a resumed run must repeat (σ is free when calibrated)."""
+    out = json.loads(json.dumps(dataclasses.asdict(privacy)))
+    if calibrating:
+        out["noise_multiplier"] = None
+    return out
+
+
+def _read_saved_run(path: str) -> tuple[dict, accounting.PrivacyLedger]:
+    """``(saved run record, ledger)`` of a checkpoint, read without restoring objects."""
+    reader = tf.train.load_checkpoint(path)
+    try:
+        record = json.loads(reader.get_tensor("privacy/.ATTRIBUTES/VARIABLE_VALUE").decode())
+        ledger_json = reader.get_tensor("ledger/.ATTRIBUTES/VARIABLE_VALUE").decode()
+    except (KeyError, tf.errors.NotFoundError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a checkpoint of trainers.loop (no privacy record: {err})") from None
+    if not isinstance(record, dict) or record.get("format") != _RUN_FORMAT:
+        raise ValueError(f"{path} holds a privacy record of another format; use a new --model_dir")
+    return record, accounting.PrivacyLedger.from_json(ledger_json)
+
+
+def _selection_pending(mechanism: Mechanism) -> bool:
+    """True when the mechanism must select rows privately from training counts before training."""
+    selection = getattr(mechanism, "selection", None)
+    return bool(
+        selection is not None
+        and getattr(selection, "is_private", False)
+        and not getattr(selection, "is_selected", True)
+        and hasattr(mechanism, "select")
+    )
+
+
+def _signature_of(x, y):
+    """Input signature with a free batch dimension (Poisson batches vary in size)."""
+
+    def spec(a):
+        a = np.asarray(a)
+        return tf.TensorSpec([None] + list(a.shape[1:]), tf.as_dtype(a.dtype))
+
+    return [tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y)]
 
 
 def train_privately(
@@ -201,6 +315,7 @@ def train_privately(
     loop: LoopConfig,
     features: Callable[[Mapping[str, np.ndarray], np.ndarray], tuple] = None,
     mechanism_factory: Callable[[PrivacyConfig], Mechanism] = None,
+    selection_counts: Optional[Callable[[], Sequence[np.ndarray]]] = None,
 ) -> TrainResult:
     """Trains ``model`` on ``arrays`` with the mechanism named in ``privacy``.
 
@@ -215,6 +330,14 @@ def train_privately(
       features: optional ``(arrays, indices) -> (features, labels)``.
       mechanism_factory: builds the mechanism from a config (default
         :func:`tfdp_sparse.mechanisms.build` with ``loop.seed``).
+      selection_counts: ``() -> counts per table`` of the training data
+        (one dense array per embedding table, each example adding 1 to one
+        bucket per feature); needed by mechanisms with a private selection
+        (DP-FEST / DP-AdaFEST+ with ``selection_epsilon``).
+
+    Raises:
+      ValueError: bad settings, a ``model_dir`` holding a run with other
+        privacy settings, an accountant the mechanism cannot use.
     """
     n = _validate(arrays, loop)
     privacy.validate()
@@ -228,11 +351,39 @@ def train_privately(
         def features(a, idx):
             return {k: a[k][idx] for k in keys}, a["label"][idx]
 
-    if privacy.target_epsilon is not None and privacy.algorithm != "sgd":
-        privacy = calibrate(privacy, build, q, loop.steps, delta)
-        log.info("calibrated noise_multiplier=%.4f for epsilon=%s at delta=%.3g", privacy.noise_multiplier,
-                 privacy.target_epsilon, delta)
+    budgeted = privacy.target_epsilon is not None
+    calibrating = budgeted and loop.calibrate_noise
+    identity = _identity(privacy, calibrating)
+
+    # A run in model_dir: its privacy settings must match; σ and ledger come from it.
+    latest = tf.train.latest_checkpoint(loop.model_dir) if loop.model_dir else None
+    saved_ledger = None
+    if latest:
+        record, saved_ledger = _read_saved_run(latest)
+        if record["settings"] != identity:
+            changed = sorted(k for k in set(identity) | set(record["settings"])
+                             if identity.get(k) != record["settings"].get(k))
+            raise ValueError(
+                f"{loop.model_dir} holds a run with different privacy settings (changed: {changed}); saved "
+                f"{record['settings']}, this run asks for {identity}. Resuming would mix two guarantees: "
+                "use a new --model_dir, or repeat the saved settings"
+            )
+        privacy = dataclasses.replace(privacy, noise_multiplier=record["noise_multiplier"])
+
+    probe = build(privacy)
+    event, not_private = _step_event(probe, q)
+    if budgeted and (not_private is not None or privacy.algorithm == "sgd"):
+        raise ValueError(f"target_epsilon={privacy.target_epsilon} is meaningless for {privacy.algorithm}: "
+                         f"{not_private or 'non-private training'}")
+    check_accountant(probe, privacy.accountant)
+    if calibrating and not latest:
+        setup = _probe_setup_event(build, privacy, model)
+        privacy = calibrate(privacy, build, q, loop.steps, delta, setup)
+        log.info("calibrated noise_multiplier=%.4f for epsilon=%s at delta=%.3g over %d steps",
+                 privacy.noise_multiplier, privacy.target_epsilon, delta, loop.steps)
+
     mechanism = build(privacy)
+    event, not_private = _step_event(mechanism, q)
     bind = getattr(mechanism, "bind_model", None)
     if bind is not None:
         bind(model)
@@ -243,59 +394,84 @@ def train_privately(
         dense_optimizer=make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate),
     )
     step_fn = PrivateStep(model, loss_fn, optimizer, jit_compile=loop.jit_compile)
-    event, not_private = _step_event(mechanism, q)
 
+    record = {"format": _RUN_FORMAT, "settings": identity, "noise_multiplier": privacy.noise_multiplier}
     ledger_var = tf.Variable("", dtype=tf.string, trainable=False)
-    config_var = tf.Variable(json.dumps(dataclasses.asdict(privacy), sort_keys=True), dtype=tf.string, trainable=False)
+    config_var = tf.Variable(json.dumps(record, sort_keys=True), dtype=tf.string, trainable=False)
     manager = None
-    ledger = _setup_ledger(mechanism)
     if loop.model_dir:
-        ckpt = _checkpoint(model, optimizer, mechanism, ledger_var, config_var)
+        ckpt = tf.train.Checkpoint(
+            model=model,
+            optimizer=optimizer,
+            dense_optimizer=optimizer.dense_optimizer if optimizer.dense_optimizer is not None else tf.Module(),
+            mechanism=mechanism,
+            ledger=ledger_var,
+            privacy=config_var,
+        )
         manager = tf.train.CheckpointManager(ckpt, loop.model_dir, max_to_keep=3)
-        if manager.latest_checkpoint:
-            mine = json.loads(config_var.numpy().decode())  # overwritten by the restore
-            ckpt.restore(manager.latest_checkpoint).expect_partial()
-            saved = json.loads(config_var.numpy().decode())
-            if saved != mine:
+    if latest:
+        # Slot variables created later (Adam) are restored when they are built.
+        ckpt.restore(latest).assert_existing_objects_matched()
+        ledger = saved_ledger
+        log.info("resumed from %s at step %d", latest, ledger.steps)
+    else:
+        if _selection_pending(mechanism):
+            if selection_counts is None:
                 raise ValueError(
-                    f"{loop.model_dir} holds a run with different privacy settings {saved}; "
-                    f"this run asks for {mine}. Use a new --model_dir."
+                    f"{privacy.algorithm} with selection_epsilon selects rows privately from training counts, "
+                    "but the trainer gave no selection_counts"
                 )
-            ledger = accounting.PrivacyLedger.from_json(ledger_var.numpy().decode())
-            log.info("resumed from %s at step %d", manager.latest_checkpoint, ledger.steps)
+            mechanism.select(selection_counts())
+            log.info("private selection done: %s", mechanism.describe())
+        ledger = accounting.PrivacyLedger()
+        setup = mechanism.setup_event()
+        if setup is not None:
+            ledger.record(setup)
     start = ledger.steps
 
     planned = loop.steps
     stop_reason = f"completed {planned} steps"
-    if privacy.target_epsilon is not None and event is not None and privacy.algorithm != "sgd":
+    if start >= planned:
+        planned = start
+        stop_reason = f"the checkpoint in {loop.model_dir} already has {start} >= {loop.steps} steps"
+    elif budgeted and event is not None:
         allowed = accounting.max_steps_within_budget(
             ledger, event, privacy.target_epsilon, delta, privacy.accountant, max_steps=planned - start
         )
         if start + allowed < planned:
             planned = start + allowed
             stop_reason = (
-                f"stopped at step {planned} of {loop.steps}: one more step would exceed "
-                f"target_epsilon={privacy.target_epsilon} at delta={delta:.3g}"
+                f"privacy budget: stopped at step {planned} of {loop.steps} because one more step would "
+                f"exceed target_epsilon={privacy.target_epsilon} at delta={delta:.3g} "
+                f"(noise_multiplier={privacy.noise_multiplier:.4g}, accountant={privacy.accountant})"
             )
-    if privacy.target_epsilon is not None and not_private is not None:
-        raise ValueError(f"--target_epsilon is meaningless for {privacy.algorithm}: {not_private}")
+            log.warning("%s", stop_reason)
 
     def save():
         if manager is None:
             return
-        _flush(mechanism)
+        _flush(mechanism)  # never write rows whose noise is still pending
         ledger_var.assign(ledger.to_json())
         manager.save(checkpoint_number=ledger.steps)
 
-    step_times, values, examples = [], [], 0
+    compiled = None
+    step_times, values = [], []
+    examples, steady_examples, steady_time = 0, 0, 0.0
     t_start = time.perf_counter()
     for step in range(start, planned):
         idx = batch_indices(privacy.sampling, n, loop.batch_size, loop.seed, step)
         x, y = features(arrays, idx)
+        if compiled is None:
+            # One trace with a free batch dimension instead of one per batch size.
+            compiled = tf.function(step_fn.__call__, input_signature=_signature_of(x, y), autograph=False)
         t0 = time.perf_counter()
-        metrics = step_fn(x, y)
+        metrics = compiled(x, y)
         loss = float(metrics["loss"])  # synchronises the step
-        step_times.append(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        step_times.append(dt)
+        if step > start:  # the first step traces the graph
+            steady_examples += len(idx)
+            steady_time += dt
         values.append(int(metrics["embedding_values"]))
         examples += len(idx)
         if event is not None:
@@ -307,8 +483,11 @@ def train_privately(
             elapsed = time.perf_counter() - t_start
             rate = examples / max(elapsed, 1e-9)
             eta = (planned - done) * elapsed / max(done - start, 1)
-            log.info("step %d/%d loss=%.4f %.0f examples/s eta %.0fs", done, planned, loss, rate, eta)
-        if manager is not None and done % loop.checkpoint_every == 0:
+            eps_text = ""
+            if event is not None and (done == planned or done % (loop.log_every * 10) == 0):
+                eps_text = f" epsilon={ledger.epsilon(delta, privacy.accountant):.4g}"
+            log.info("step %d/%d loss=%.4f %.0f examples/s eta %.0fs%s", done, planned, loss, rate, eta, eps_text)
+        if manager is not None and done % loop.checkpoint_every == 0 and done < planned:
             save()
     elapsed = time.perf_counter() - t_start
     _flush(mechanism)
@@ -320,7 +499,11 @@ def train_privately(
         note = "; ".join(ledger.not_private_reasons)
     else:
         epsilon = ledger.epsilon(delta, privacy.accountant)
-    timed = step_times[min(3, len(step_times) - 1):] if step_times else [0.0]
+    if steady_time > 0:
+        rate = steady_examples / steady_time
+    else:
+        rate = examples / elapsed if elapsed > 0 else 0.0
+    timed = step_times[1:] if len(step_times) > 1 else (step_times or [0.0])
     return TrainResult(
         steps=ledger.steps,
         planned_steps=loop.steps,
@@ -329,11 +512,12 @@ def train_privately(
         epsilon_note=note,
         delta=delta,
         noise_multiplier=privacy.noise_multiplier if privacy.algorithm != "sgd" else 0.0,
-        examples_per_sec=examples / elapsed if elapsed > 0 else 0.0,
+        examples_per_sec=rate,
         step_ms=1000 * float(np.median(timed)),
         mean_embedding_values=float(np.mean(values)) if values else 0.0,
         mechanism=mechanism,
         optimizer=optimizer,
         ledger=ledger,
         privacy=privacy,
+        resumed_from_step=start,
     )

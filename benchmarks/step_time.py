@@ -57,6 +57,7 @@ import gc
 import json
 import math
 import sys
+import tempfile
 import time
 import traceback
 from typing import Callable, Iterable, Optional, Sequence, TextIO
@@ -77,7 +78,7 @@ MODELS = ("micro", "pctr")
 DEFAULT_BATCH = {"micro": 1024, "pctr": 2048}
 NUM_BATCHES = 4  # distinct pre-generated batches, cycled through
 
-COUNT_BATCHES = 16  # batches of ids whose counts feed private bucket selection
+COUNT_BATCHES = 16  # batches of fresh ids whose counts make the bucket-selection prior
 
 #: Algorithm-specific knobs passed through ``PrivacyConfig(extra=...)`` when
 #: ``--extra`` does not set them (each mechanism module documents its knobs).
@@ -85,10 +86,13 @@ COUNT_BATCHES = 16  # batches of ids whose counts feed private bucket selection
 #: DP-AdaFEST's false positives grow like ``V * Psi(tau / sigma1)``. The
 #: values sit in the ranges the DP-AdaFEST paper tunes over on Criteo
 #: (k 100..300,000; sigma1/sigma2 0.1..10, best at 5-10; tau 0.5..100).
+#: DP-FEST / DP-AdaFEST+ kept sets come from a public prior written from the
+#: counts of an independent sample, unless ``--extra`` names a source
+#: (``frequency_file``, or ``selection_epsilon`` for private Gumbel top-k).
 DEFAULT_EXTRA: dict[str, dict[str, object]] = {
-    "dpfest": {"k": 10_000, "selection_epsilon": 0.01},
+    "dpfest": {"k": 10_000},
     "adafest": {"sigma_ratio": 5.0, "tau": 20.0},
-    "adafest_plus": {"k": 10_000, "selection_epsilon": 0.01, "sigma_ratio": 5.0, "tau": 20.0},
+    "adafest_plus": {"k": 10_000, "sigma_ratio": 5.0, "tau": 20.0},
 }
 _SELECTION_SOURCES = ("frequency_file", "selection_epsilon", "kept_ids")
 
@@ -200,13 +204,19 @@ def build_pctr(scale: float, seed: int) -> tuple[tf.keras.Model, Callable, int]:
     """The Criteo pCTR model with every Kaggle table multiplied by ``scale``."""
     from models import pctr  # benchmarks sit above models in the import order
 
-    sizes = synthetic.SyntheticCriteoConfig(num_examples=1, vocab_scale=scale).table_sizes
+    sizes = _criteo(1, scale, seed).table_sizes
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=sizes), seed=seed)
     return model, pctr.per_example_loss, int(sum(sizes))
 
 
+def _criteo(batch: int, scale: float, seed: int) -> synthetic.SyntheticCriteoConfig:
+    return synthetic.SyntheticCriteoConfig(
+        num_examples=batch, vocab_sizes=criteo_schema.KAGGLE_VOCAB_SIZES, vocab_scale=scale, seed=seed
+    )
+
+
 def pctr_batches(scale: float, batch: int, count: int, seed: int) -> list[tuple[dict, tf.Tensor]]:
-    config = synthetic.SyntheticCriteoConfig(num_examples=batch, vocab_scale=scale, seed=seed)
+    config = _criteo(batch, scale, seed)
     out = []
     for i in range(count):
         arrays = synthetic.generate(config, sample_seed=i + 1)
@@ -216,15 +226,28 @@ def pctr_batches(scale: float, batch: int, count: int, seed: int) -> list[tuple[
 
 
 def micro_counts(vocab: int, batch: int, seed: int) -> list[np.ndarray]:
-    """Per-row counts of ``COUNT_BATCHES`` fresh batches (input of private bucket selection)."""
+    """Per-row counts of ``COUNT_BATCHES`` fresh batches (input of bucket selection)."""
     ids = np.concatenate([b[0].numpy() for b in micro_batches(vocab, batch, COUNT_BATCHES, seed + 1)])
     return [np.bincount(ids, minlength=vocab)]
 
 
 def pctr_counts(scale: float, batch: int, seed: int) -> list[np.ndarray]:
-    config = synthetic.SyntheticCriteoConfig(num_examples=batch, vocab_scale=scale, seed=seed)
+    config = _criteo(batch, scale, seed)
     cat = synthetic.generate(config, sample_seed=1000, num_examples=COUNT_BATCHES * batch)["cat"]
     return [np.bincount(cat[:, f], minlength=size) for f, size in enumerate(config.table_sizes)]
+
+
+def write_prior(path: str, counts: Sequence[np.ndarray]) -> None:
+    """Writes ``counts`` (one array per feature) as a frequency file (non-zero buckets only).
+
+    Format of :mod:`tfdp_sparse.selection.frequency`: ``feature,bucket,count``.
+    """
+    with open(path, "w") as f:
+        f.write("feature,bucket,count\n")
+        for feature, c in enumerate(counts):
+            buckets = np.flatnonzero(c)
+            rows = np.stack([np.full(buckets.size, feature), buckets, c[buckets]], axis=1)
+            np.savetxt(f, rows, fmt="%d", delimiter=",")
 
 
 def embedding_layers(model: tf.keras.Model) -> list[DPEmbedding]:
@@ -247,11 +270,7 @@ def mechanism_knobs(algorithm: str, extra: dict, tables: Sequence[tuple[str, int
     becomes a per-feature tuple capped at each table's rows, with
     ``feature_names`` so the selection maps features to layers by name.
     """
-    defaults = dict(DEFAULT_EXTRA.get(algorithm, {}))
-    if any(source in extra for source in _SELECTION_SOURCES):
-        for source in _SELECTION_SOURCES:
-            defaults.pop(source, None)
-    knobs = {**defaults, **extra}
+    knobs = {**DEFAULT_EXTRA.get(algorithm, {}), **extra}
     k = knobs.get("k")
     if isinstance(k, int) and not isinstance(k, bool):
         knobs["k"] = tuple(min(k, rows) for _, rows in tables)
@@ -336,18 +355,23 @@ def run_config(algorithm: str, vocab_or_scale, settings: dict) -> dict:
         batches = pctr_batches(float(vocab_or_scale), batch, NUM_BATCHES, seed)
     tables = [(layer.name, layer.vocab_size) for layer in embedding_layers(model)]
     knobs = mechanism_knobs(algorithm, settings["extra"], tables)
-    mechanism = build_mechanism(algorithm, settings["noise_multiplier"], settings["l2_norm_clip"], knobs, seed)
-    bind = getattr(mechanism, "bind_model", None)
-    if callable(bind):
-        bind(model)
-    select = getattr(mechanism, "select", None)
-    if callable(select) and "selection_epsilon" in knobs:
+
+    def counts():
         if model_name == "micro":
-            counts = micro_counts(int(vocab_or_scale), batch, seed)
-        else:
-            counts = pctr_counts(float(vocab_or_scale), batch, seed)
-        select(counts)
-        del counts
+            return micro_counts(int(vocab_or_scale), batch, seed)
+        return pctr_counts(float(vocab_or_scale), batch, seed)
+
+    with tempfile.TemporaryDirectory(prefix="step_time_") as tmp:
+        if "k" in knobs and not any(source in knobs for source in _SELECTION_SOURCES):
+            knobs["frequency_file"] = os.path.join(tmp, "prior.csv")
+            write_prior(knobs["frequency_file"], counts())
+        mechanism = build_mechanism(algorithm, settings["noise_multiplier"], settings["l2_norm_clip"], knobs, seed)
+        bind = getattr(mechanism, "bind_model", None)
+        if callable(bind):
+            bind(model)  # also loads a frequency_file prior
+        select = getattr(mechanism, "select", None)
+        if callable(select) and "selection_epsilon" in knobs:
+            select(counts())
     optimizer = DPOptimizer(mechanism, learning_rate=settings["learning_rate"], expected_batch_size=batch)
     private_step = PrivateStep(model, loss_fn, optimizer)
     record["build_s"] = round(time.perf_counter() - t_build, 3)

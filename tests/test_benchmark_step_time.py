@@ -3,6 +3,7 @@
 import io
 import json
 
+import numpy as np
 import pytest
 
 from benchmarks import step_time
@@ -159,13 +160,39 @@ def test_parse_count_and_extra():
         step_time.parse_extra(["k"])
 
 
-def test_mechanism_knobs_caps_k_per_table_and_respects_user_sources():
+def test_mechanism_knobs_caps_k_per_table_and_keeps_user_knobs():
     tables = [("embedding_0", 3), ("embedding_1", 50_000)]
-    knobs = step_time.mechanism_knobs("dpfest", {}, tables)
-    assert knobs["k"] == (3, 10_000)
-    assert knobs["feature_names"] == ("embedding_0", "embedding_1")
-    assert knobs["selection_epsilon"] == 0.01
-    # a user-given source replaces the default private selection
-    knobs = step_time.mechanism_knobs("dpfest", {"frequency_file": "/p.csv", "k": 5}, tables)
-    assert "selection_epsilon" not in knobs and knobs["k"] == (3, 5)
+    assert step_time.mechanism_knobs("dpfest", {}, tables) == {
+        "k": (3, 10_000), "feature_names": ("embedding_0", "embedding_1"),
+    }
+    knobs = step_time.mechanism_knobs("adafest_plus", {"selection_epsilon": 0.5, "k": 5, "tau": 3.0}, tables)
+    assert knobs == {
+        "k": (3, 5), "feature_names": ("embedding_0", "embedding_1"), "selection_epsilon": 0.5,
+        "sigma_ratio": 5.0, "tau": 3.0,
+    }
     assert step_time.mechanism_knobs("dpsgd", {}, tables) == {}
+
+
+def test_write_prior_round_trips_through_the_frequency_loader(tmp_path):
+    from tfdp_sparse.selection import frequency
+
+    counts = [np.array([0, 4, 0, 1]), np.array([2, 0, 7])]
+    path = tmp_path / "prior.csv"
+    step_time.write_prior(str(path), counts)
+    loaded = frequency.load_frequency_file(str(path), vocab_sizes=[4, 3])
+    for got, want in zip(loaded, counts):
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_dpfest_config_uses_the_prior_and_noises_k_rows():
+    out = io.StringIO()
+    step_time.run_from_argv(
+        ["step_time", "--algorithms=dpfest", "--vocab=500", "--batch=16", "--steps=1", "--warmup=1",
+         "--extra=k=100"],
+        out=out,
+        progress=io.StringIO(),
+    )
+    (line,) = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert "error" not in line, line
+    assert line["embedding_values"] == 100 * 64
+    assert line["mechanism"]["selection"] == "frequency_file"

@@ -96,6 +96,9 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 _BOUND: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+_FLUSH_BLOCK_VALUES = 1 << 24
+
+
 def _in_xla_context() -> bool:
     try:
         from tensorflow.python.ops import control_flow_util
@@ -456,15 +459,28 @@ class LazyDP(Mechanism):
 
     @_no_autograph
     def _flush_table(self, i: int, opt):
+        """Catches every row of table ``i`` up, in row blocks of ~16M values.
+
+        Blocks keep the extra memory to one block of noise (a whole-table
+        draw would add two table-sized temporaries: 5 GB at 1e7 x 64).
+        """
         table, history = self._tables.variables[i], self._histories[i]
         k = tf.cast(opt.iterations, tf.int32)
-        last = tf.convert_to_tensor(history)
-        noise = self._deferred_noise(last, k, table.shape, self._scale(opt))
-        table_op = table.assign_sub(noise)
-        with tf.control_dependencies([table_op]):
-            history_op = history.assign(tf.maximum(last, k))
+        rows, width = int(table.shape[0]), int(table.shape[1])
+        block = max(1, _FLUSH_BLOCK_VALUES // width)
+        dense_shape = tf.constant(table.shape.as_list(), tf.int64)
+        ops = []
+        for start in range(0, rows, block):
+            stop = min(rows, start + block)
+            with tf.control_dependencies(ops[-1:]):
+                last = history[start:stop]
+                noise = self._deferred_noise(last, k, [stop - start, width], self._scale(opt))
+                ids = tf.range(start, stop, dtype=tf.int64)
+                ops.append(table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape)))
+        with tf.control_dependencies(ops[-1:]):
+            history_op = history.assign(tf.maximum(tf.convert_to_tensor(history), k))
             flushed_op = self._flushed_at[i].assign(tf.cast(k, tf.int64))
-        return tf.group(table_op, history_op, flushed_op)
+        return tf.group(*ops, history_op, flushed_op)
 
     @_no_autograph
     def flush(self) -> None:

@@ -1,0 +1,326 @@
+r"""Private training of the next-movie dual encoder: flags -> config -> train_and_evaluate.
+
+Examples::
+
+    python -m trainers.train_dual_encoder --algorithm=eana --noise_multiplier=0.64
+    python -m trainers.train_dual_encoder --algorithm=dpsgd --target_epsilon=8 --steps=2000
+    python -m trainers.train_dual_encoder --algorithm=lazydp --noise_multiplier=1 \
+        --data=ml-20m/ratings.csv --movies=ml-20m/movies.csv --num_examples=2000000
+
+Data (EANA paper §4.1.1; DESIGN §6): MovieLens ``ratings.csv`` / ``.dat``
+(with an optional ``movies.csv`` catalogue fixing the id space; a rated
+movie missing from it is an error naming the line) or, by default, the
+synthetic clustered-taste timelines of :mod:`tfdp_sparse.data.movielens`.
+Users are split 80/20; ``--num_examples`` training examples are sampled once
+from the training users' timelines (label = a random position's movie,
+context = the 20 movies before it, padded with -1) and ``--num_eval_examples``
+from the held-out users. Training on a fixed sample keeps the accounting
+well defined (Poisson sampling over a fixed data set). The privacy unit is
+one example, not one user.
+
+Model: :mod:`models.dual_encoder` (bag-of-words or self-attention context
+tower, lookup label tower, in-batch or full-catalogue softmax; see its
+docstring for how per-example clipping stays exact with in-batch negatives).
+
+Prints progress, then one JSON line (also written to ``--metrics_out``): the
+pCTR trainer's fields (``algorithm, epsilon, delta, noise_multiplier, steps,
+examples_per_sec, gradient_size, ...``) plus ``precision@k`` / ``recall@k``
+for k in 1, 5, 10, 20 over the full catalogue on held-out users.
+
+DP-FEST / DP-AdaFEST+ need a public prior (``--frequency_file``, features
+numbered by table: 0 = context table, 1 = label table unless
+``--share_embeddings``, then the position table of the transformer tower);
+private selection (``--selection_epsilon``) is refused because the context
+is a multi-id feature, which the Gumbel top-k analysis does not cover.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import dataclasses
+import logging
+import sys
+from typing import Optional
+
+from absl import app, flags
+import numpy as np
+
+from models import dual_encoder
+from tfdp_sparse.config import PrivacyConfig
+from tfdp_sparse.data import movielens
+from trainers import loop as loop_lib
+from trainers import summary
+
+FLAGS = flags.FLAGS
+
+DEFAULT_STEPS = 1000
+
+#: Algorithm knobs (flag names = knob names of PrivacyConfig.extra).
+KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "sigma1", "sigma2", "sigma_ratio", "C1", "aggregate",
+         "dense_fallback")
+
+log = logging.getLogger("tfdp_sparse.train")
+
+
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+    """Defines the trainer's flags in ``flag_values`` (done by ``__main__``; importing defines none)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("algorithm", "dpsgd", "sgd | dpsgd | eana | dpfest | adafest | adafest_plus | lazydp", **fv)
+    flags.DEFINE_float("noise_multiplier", None, "sigma (required for private algorithms without --target_epsilon; "
+                       "with it: omit to calibrate, give to keep sigma and stop when the budget is spent)", **fv)
+    flags.DEFINE_float("l2_norm_clip", 1.0, "per-example clipping bound C (> 0)", **fv)
+    flags.DEFINE_float("target_epsilon", None, "privacy budget (calibrates sigma, never trains past it)", **fv)
+    flags.DEFINE_float("delta", None, "delta in (0, 1) (default 1/N)", **fv)
+    flags.DEFINE_enum("accountant", "pld", ["pld", "rdp"], "privacy accountant", **fv)
+    flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"],
+                      "batch sampling (poisson is what the accounting assumes)", **fv)
+    flags.DEFINE_integer("batch_size", 64, "(expected) batch size B (64 in the EANA paper)", **fv)
+    flags.DEFINE_integer("steps", None, f"training steps (default {DEFAULT_STEPS}; or use --epochs)", **fv)
+    flags.DEFINE_float("epochs", None, "training epochs over the sampled examples (steps = epochs * N / B)", **fv)
+    flags.DEFINE_float("learning_rate", 20.0, "SGD learning rate of the embedding tables (and of dense layers with "
+                       "--dense_optimizer=sgd); the update is lr * G / B", **fv)
+    flags.DEFINE_enum("dense_optimizer", "adam", ["sgd", "adam", "adagrad"],
+                      "optimizer of the dense layers (post-processing: privacy unchanged)", **fv)
+    flags.DEFINE_float("dense_learning_rate", 1e-3, "learning rate of --dense_optimizer (unless sgd)", **fv)
+    flags.DEFINE_string("data", "synthetic", "'synthetic' or a MovieLens ratings file (ratings.csv / ratings.dat)",
+                        **fv)
+    flags.DEFINE_string("movies", None, "MovieLens catalogue (movies.csv / movies.dat) fixing the id space", **fv)
+    flags.DEFINE_float("max_bad_fraction", 0.001, "fail if more rating rows than this are malformed", **fv)
+    flags.DEFINE_integer("num_users", 5000, "synthetic: users", **fv)
+    flags.DEFINE_integer("num_movies", 2000, "synthetic: movies (MovieLens 20M has 27,278)", **fv)
+    flags.DEFINE_integer("num_examples", 50_000, "training examples sampled from the training users", **fv)
+    flags.DEFINE_integer("num_eval_examples", 10_000, "evaluation examples sampled from the held-out users", **fv)
+    flags.DEFINE_integer("context_length", 20, "movies of context before the label", **fv)
+    flags.DEFINE_float("test_fraction", 0.2, "fraction of users held out for evaluation", **fv)
+    flags.DEFINE_integer("dim", 128, "embedding / encoding width", **fv)
+    flags.DEFINE_enum("combiner", "mean", ["mean", "sum"], "bag-of-words pooling", **fv)
+    flags.DEFINE_enum("context_tower", "bow", list(dual_encoder.CONTEXT_TOWERS), "context encoder", **fv)
+    flags.DEFINE_boolean("context_dense", True, "a Dense(dim) on top of the pooled context", **fv)
+    flags.DEFINE_boolean("share_embeddings", False, "one table for the context and label towers", **fv)
+    flags.DEFINE_enum("negatives", "in_batch", list(dual_encoder.NEGATIVES),
+                      "softmax over in-batch labels, or over the full catalogue (reads the whole label table "
+                      "every step)", **fv)
+    flags.DEFINE_integer("seed", 0, "seed of data, initialisation and noise", **fv)
+    flags.DEFINE_string("model_dir", None, "checkpoints (model, optimizer, noise state, ledger); resumes if present",
+                        **fv)
+    flags.DEFINE_integer("checkpoint_every", 1000, "steps between checkpoints", **fv)
+    flags.DEFINE_string("metrics_out", None, "write the final JSON line here", **fv)
+    flags.DEFINE_integer("log_every", 100, "steps between progress lines", **fv)
+    flags.DEFINE_string("k", None, "DP-FEST/AdaFEST+: rows kept per table (int, or comma list per table)", **fv)
+    flags.DEFINE_string("frequency_file", None, "DP-FEST/AdaFEST+: public counts CSV (feature,bucket,count)", **fv)
+    flags.DEFINE_float("selection_epsilon", None, "DP-FEST private selection (refused: multi-id context)", **fv)
+    flags.DEFINE_float("tau", None, "DP-AdaFEST: threshold on the noisy contribution map", **fv)
+    flags.DEFINE_float("sigma1", None, "DP-AdaFEST: noise multiplier of the contribution map", **fv)
+    flags.DEFINE_float("sigma2", None, "DP-AdaFEST: noise multiplier of the gradient", **fv)
+    flags.DEFINE_float("sigma_ratio", None, "DP-AdaFEST: sigma1/sigma2 (--noise_multiplier is then the effective "
+                       "sigma)", **fv)
+    flags.DEFINE_float("C1", None, "DP-AdaFEST: L2 bound of an example's contribution vector", **fv)
+    flags.DEFINE_boolean("aggregate", None, "LazyDP: one aggregated noise draw per caught-up row", **fv)
+    flags.DEFINE_boolean("dense_fallback", None, "LazyDP: dense noise for plain Keras Embedding tables", **fv)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the examples come from: ``source="synthetic"`` or a MovieLens ratings path."""
+
+    source: str = "synthetic"
+    movies: Optional[str] = None
+    max_bad_fraction: float = 0.001
+    num_users: int = 5000
+    num_movies: int = 2000
+    num_clusters: int = 20
+    num_examples: int = 50_000
+    num_eval_examples: int = 10_000
+    context_length: int = 20
+    test_fraction: float = 0.2
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DualEncoderRun:
+    """Everything a dual-encoder run needs."""
+
+    privacy: PrivacyConfig
+    loop: loop_lib.LoopConfig
+    data: DataConfig
+    model: dual_encoder.DualEncoderConfig  # num_rows is replaced by the data's
+    metrics_out: Optional[str] = None
+
+
+def load_data(config: DataConfig):
+    """``(train_arrays, eval_arrays, num_rows, info)``; arrays are ``{"context": [N, L], "label": [N]}``.
+
+    Contexts are padded with -1 (the padding of DPEmbedding); ids are dense
+    movie ids ``1..num_rows-1``.
+    """
+    for name in ("num_examples", "num_eval_examples", "context_length"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if config.source == "synthetic":
+        if config.movies is not None:
+            raise ValueError("movies (a catalogue file) applies to MovieLens ratings, not to data='synthetic'")
+        syn = movielens.SyntheticMovieLensConfig(
+            num_users=config.num_users, num_movies=config.num_movies,
+            num_clusters=min(config.num_clusters, config.num_movies), seed=config.seed,
+            timeline_length=(min(20, config.num_movies), min(200, config.num_movies)),
+        )
+        log.info("generating synthetic timelines: %d users, %d movies", syn.num_users, syn.num_movies)
+        timelines = movielens.generate_timelines(syn)
+        num_rows = syn.num_movies + 1
+        info = {"data": "synthetic", "num_users": syn.num_users, "num_movies": syn.num_movies}
+    else:
+        if not os.path.isfile(config.source):
+            raise ValueError(f"data={config.source!r} is neither 'synthetic' nor an existing MovieLens ratings file")
+        if config.movies is not None and not os.path.isfile(config.movies):
+            raise ValueError(f"movies={config.movies!r} is not an existing MovieLens catalogue file")
+        data = movielens.load_movielens(config.source, config.movies, max_bad_fraction=config.max_bad_fraction)
+        if data.report.bad_rows:
+            log.warning("%s", data.report.summary())
+        timelines = data.timelines
+        num_rows = data.vocabulary.num_rows
+        info = {"data": config.source, "num_users": len(timelines), "num_movies": data.vocabulary.num_movies,
+                "bad_rows": data.report.bad_rows}
+    train_users, test_users = movielens.split_users(timelines, config.test_fraction, seed=config.seed)
+    train = movielens.sample_examples(timelines, train_users, config.num_examples, config.context_length,
+                                      seed=config.seed, pad_value=-1)
+    evaluation = movielens.sample_examples(timelines, test_users, config.num_eval_examples, config.context_length,
+                                           seed=config.seed + 1, pad_value=-1)
+    info.update(train_users=int(train_users.size), test_users=int(test_users.size))
+    return train, evaluation, num_rows, info
+
+
+def example_features(arrays, idx):
+    """``train_privately`` features: the model needs the label ids (label tower, in-batch negatives)."""
+    x = {"context": arrays["context"][idx], "label": arrays["label"][idx]}
+    return x, x["label"]
+
+
+def check_compatible(privacy: PrivacyConfig, model: dual_encoder.DualEncoderConfig) -> None:
+    """Refuses algorithm/model pairs that would break an algorithm's guarantee."""
+    if privacy.algorithm == "lazydp" and model.negatives == "full":
+        raise ValueError(
+            "algorithm='lazydp' with negatives='full' is refused: the full-catalogue softmax reads every label row "
+            "each step, before LazyDP has applied the rows' deferred noise, so the run would not be DP-SGD's "
+            "distribution. Use negatives='in_batch' or algorithm='dpsgd'"
+        )
+    if privacy.algorithm in ("dpfest", "adafest_plus") and privacy.knob("selection_epsilon") is not None:
+        raise ValueError(
+            f"selection_epsilon={privacy.knob('selection_epsilon')} (private Gumbel top-k) is refused for the dual "
+            "encoder: its analysis needs each example to add at most 1 to one bucket per feature, but a context "
+            "holds up to context_length movies. Give a public --frequency_file instead"
+        )
+
+
+def dense_embedding_values(model: dual_encoder.DualEncoder) -> int:
+    """Rows x width of every table: what dense DP-SGD writes per step."""
+    seen, total = set(), 0
+    for var in model.trainable_variables:
+        if "embeddings" in var.name and var.ref() not in seen:
+            seen.add(var.ref())
+            total += int(var.shape.num_elements())
+    return total
+
+
+def train_model(run: DualEncoderRun, train, num_rows: int):
+    """Builds and trains a model on ``train``; returns ``(model, TrainResult)``."""
+    config = dataclasses.replace(run.model, num_rows=num_rows, context_length=run.data.context_length).validate()
+    check_compatible(run.privacy, config)
+    if int(np.max(train["label"])) >= num_rows or int(np.max(train["context"])) >= num_rows:
+        raise ValueError(f"training ids exceed the {num_rows - 1} movies of the vocabulary")
+    model = dual_encoder.build_dual_encoder(config, seed=run.loop.seed)
+    result = loop_lib.train_privately(model, model.per_example_loss, train, run.privacy, run.loop,
+                                      features=example_features)
+    return model, result
+
+
+def train_and_evaluate(run: DualEncoderRun) -> dict:
+    """Trains, evaluates precision/recall@k; returns the metrics dict (also printed as JSON)."""
+    run.privacy.validate()
+    check_compatible(run.privacy, run.model)
+    loop_lib.make_dense_optimizer(run.loop.dense_optimizer, run.loop.dense_learning_rate)
+    train, evaluation, num_rows, info = load_data(run.data)
+    model, result = train_model(run, train, num_rows)
+    quality = dual_encoder.evaluate_retrieval(model, evaluation)
+    extra = dict(info)
+    extra.update({k: round(v, 5) for k, v in quality.items()})
+    extra.update(context_tower=run.model.context_tower, negatives=run.model.negatives,
+                 share_embeddings=run.model.share_embeddings)
+    metrics = summary.metrics_line(result, auc=None, dense_embedding_values=dense_embedding_values(model),
+                                   extra=extra)
+    metrics.pop("auc", None)
+    summary.emit(metrics, run.metrics_out)
+    return metrics
+
+
+def parse_k(text: str):
+    """``"100"`` -> 100; ``"10,20"`` -> ``(10, 20)`` (one per table)."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"k={text!r} must be an integer or a comma-separated list of integers") from None
+    if not values:
+        raise ValueError(f"k={text!r} is empty")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
+    """The :class:`DualEncoderRun` the parsed flags ``fv`` describe."""
+    if fv.steps is not None and fv.epochs is not None:
+        raise app.UsageError("give only one of --steps and --epochs")
+    steps = fv.steps
+    if fv.epochs is not None:
+        if not fv.epochs > 0 or fv.batch_size < 1:
+            raise ValueError(f"epochs must be > 0 and batch_size >= 1, got {fv.epochs!r} and {fv.batch_size!r}")
+        steps = max(1, int(np.ceil(fv.epochs * fv.num_examples / fv.batch_size)))
+    elif steps is None:
+        steps = DEFAULT_STEPS
+    sigma = fv.noise_multiplier
+    if sigma is None and fv.target_epsilon is None and fv.algorithm != "sgd":
+        raise app.UsageError(f"--algorithm={fv.algorithm} needs --noise_multiplier or --target_epsilon")
+    extra = tuple((k, parse_k(getattr(fv, k)) if k == "k" else getattr(fv, k))
+                  for k in KNOBS if getattr(fv, k) is not None)
+    privacy = PrivacyConfig(
+        algorithm=fv.algorithm, noise_multiplier=1.0 if sigma is None else sigma, l2_norm_clip=fv.l2_norm_clip,
+        delta=fv.delta, target_epsilon=fv.target_epsilon, sampling=fv.sampling, accountant=fv.accountant,
+        extra=extra,
+    ).validate()
+    loop = loop_lib.LoopConfig(
+        batch_size=fv.batch_size, steps=steps, learning_rate=fv.learning_rate, seed=fv.seed,
+        model_dir=fv.model_dir, checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
+        dense_optimizer=fv.dense_optimizer, dense_learning_rate=fv.dense_learning_rate,
+        calibrate_noise=sigma is None,
+    )
+    data = DataConfig(
+        source=fv.data, movies=fv.movies, max_bad_fraction=fv.max_bad_fraction, num_users=fv.num_users,
+        num_movies=fv.num_movies, num_examples=fv.num_examples, num_eval_examples=fv.num_eval_examples,
+        context_length=fv.context_length, test_fraction=fv.test_fraction, seed=fv.seed,
+    )
+    model = dual_encoder.DualEncoderConfig(
+        num_rows=2, context_length=fv.context_length, dim=fv.dim, combiner=fv.combiner,
+        context_tower=fv.context_tower, context_dense=fv.context_dense, share_embeddings=fv.share_embeddings,
+        negatives=fv.negatives,
+    ).validate()
+    return DualEncoderRun(privacy=privacy, loop=loop, data=data, model=model, metrics_out=fv.metrics_out)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    summary.setup_logging()
+    try:
+        train_and_evaluate(run_from_flags())
+    except (ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -393,3 +393,11 @@ def test_docstring_examples():
     result = doctest.testmod(
         acc, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 20
+
+
+def test_pld_numerical_failure_falls_back_to_rdp_bound():
+    """dp_accounting's PLD breaks at tiny sigma; the RDP epsilon (an upper bound) is reported."""
+    event = acc.dpsgd_event(0.064, 64 / 59750, 1000)
+    rdp = acc.epsilon_from_event(event, 1e-5, "rdp")
+    assert acc.epsilon_from_event(event, 1e-5, "pld") == pytest.approx(rdp)
+    assert rdp > 100

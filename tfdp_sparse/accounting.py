@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import numbers
 import os
@@ -274,7 +275,17 @@ def _pld_epsilon(event: dp_accounting.DpEvent, delta: float,
                  interval: float) -> float:
     acc = pld_privacy_accountant.PLDAccountant(
         value_discretization_interval=interval)
-    return float(_compose(acc, event, "pld").get_epsilon(delta))
+    try:
+        return float(_compose(acc, event, "pld").get_epsilon(delta))
+    except ValueError as error:
+        if isinstance(error, UnsupportedEventError):
+            raise
+        # dp_accounting 0.4.3's PLD fails numerically for very small sigma
+        # ("deltas are not in non-increasing order", at epsilon ~ 1e4). The
+        # RDP epsilon is a valid (looser) upper bound: report that instead.
+        logging.getLogger(__name__).warning(
+            "PLD accounting failed (%s); reporting the RDP bound instead", error)
+        return _rdp_epsilon(event, delta)
 
 
 def _pld_start_interval(event: dp_accounting.DpEvent, delta: float) -> float:

@@ -14,7 +14,10 @@ Resumes are exact: the batch of step ``t`` is a pure function of
 ``(seed, t)`` (:func:`batch_indices`) and every piece of state a step reads
 (weights, both optimizers' slots and iteration counters, the mechanism's
 generator and variables, the ledger) is in the checkpoint, so ``10 + 10``
-steps give the same weights and ε as ``20`` uninterrupted steps.
+steps give the same weights and ε as ``20`` uninterrupted steps. (LazyDP
+flushes its pending noise before each checkpoint, so its resumed run has the
+same distribution but other noise draws.) A resumed run must repeat the
+privacy settings of the checkpoint; a calibrated σ is taken from it.
 
 Budget (DESIGN §4). With ``privacy.target_epsilon``:
 
@@ -94,7 +97,7 @@ class TrainResult:
     delta: float
     noise_multiplier: float
     examples_per_sec: float
-    step_ms: float
+    step_ms: float  # 0.0 (and mean_embedding_values 0.0) when no step ran
     mean_embedding_values: float
     mechanism: Mechanism
     optimizer: DPOptimizer
@@ -411,7 +414,9 @@ def train_privately(
         manager = tf.train.CheckpointManager(ckpt, loop.model_dir, max_to_keep=3)
     if latest:
         # Slot variables created later (Adam) are restored when they are built.
-        ckpt.restore(latest).assert_existing_objects_matched()
+        status = ckpt.restore(latest)
+        status.assert_existing_objects_matched()
+        status.expect_partial()  # slots of a run that stops at once are never built: no warning for them
         ledger = saved_ledger
         log.info("resumed from %s at step %d", latest, ledger.steps)
     else:
@@ -435,9 +440,20 @@ def train_privately(
         planned = start
         stop_reason = f"the checkpoint in {loop.model_dir} already has {start} >= {loop.steps} steps"
     elif budgeted and event is not None:
-        allowed = accounting.max_steps_within_budget(
-            ledger, event, privacy.target_epsilon, delta, privacy.accountant, max_steps=planned - start
-        )
+        if ledger.epsilon_if(event, planned - start, delta, privacy.accountant) <= privacy.target_epsilon:
+            allowed = planned - start  # the usual case after calibration: one epsilon computation
+        else:
+            allowed = accounting.max_steps_within_budget(
+                ledger, event, privacy.target_epsilon, delta, privacy.accountant, max_steps=planned - start
+            )
+        if allowed == 0 and start == 0:
+            one = ledger.epsilon_if(event, 1, delta, privacy.accountant)
+            raise ValueError(
+                f"target_epsilon={privacy.target_epsilon} does not allow a single step: one step at "
+                f"noise_multiplier={privacy.noise_multiplier:.4g} and sampling rate {q:.3g} already costs "
+                f"epsilon={one:.4g} at delta={delta:.3g} ({privacy.accountant}); raise the noise, lower the "
+                "batch size or raise the budget"
+            )
         if start + allowed < planned:
             planned = start + allowed
             stop_reason = (
@@ -503,7 +519,7 @@ def train_privately(
         rate = steady_examples / steady_time
     else:
         rate = examples / elapsed if elapsed > 0 else 0.0
-    timed = step_times[1:] if len(step_times) > 1 else (step_times or [0.0])
+    timed = step_times[1:] if len(step_times) > 1 else step_times
     return TrainResult(
         steps=ledger.steps,
         planned_steps=loop.steps,
@@ -513,7 +529,7 @@ def train_privately(
         delta=delta,
         noise_multiplier=privacy.noise_multiplier if privacy.algorithm != "sgd" else 0.0,
         examples_per_sec=rate,
-        step_ms=1000 * float(np.median(timed)),
+        step_ms=1000 * float(np.median(timed)) if timed else 0.0,
         mean_embedding_values=float(np.mean(values)) if values else 0.0,
         mechanism=mechanism,
         optimizer=optimizer,

@@ -37,13 +37,19 @@ def _cell(row: dict, key: str) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """A plain-text table, one row per run."""
+    """A plain-text table, one row per run, then notes (why epsilon is n/a, budget stops).
+
+    Columns absent from every row are left out; a missing epsilon prints
+    ``n/a`` (never a number), other missing values ``-``.
+    """
     keys = [(k, h) for k, h in COLUMNS if any(k in r for r in rows)]
     cells = [[h for _, h in keys]] + [[_cell(r, k) for k, _ in keys] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(keys))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = [f"{r['algorithm']}: {r['epsilon_note']}" for r in rows if r.get("epsilon_note")]
+    notes += [f"{r['algorithm']}: {r['stop_reason']}" for r in rows
+              if str(r.get("stop_reason", "")).startswith("privacy budget")]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 

@@ -36,8 +36,13 @@ def _round(x: Optional[float], digits: int = 4):
 
 
 def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_values: int, extra: Optional[dict] = None) -> dict:
-    """The summary of a run; ``epsilon`` is ``None`` with a note when not available."""
+    """The summary of a run; ``epsilon`` is ``None`` with a note when not available.
+
+    ``examples_per_sec`` and ``step_ms`` are steady-state figures: the first
+    step of a run (which traces the graph) is left out when there are more.
+    """
     privacy = result.privacy
+    trained = result.steps > result.resumed_from_step  # False: nothing ran (e.g. budget already spent)
     line = {
         "algorithm": privacy.algorithm,
         "auc": _round(auc),
@@ -47,19 +52,24 @@ def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_valu
         "l2_norm_clip": privacy.l2_norm_clip if privacy.algorithm != "sgd" else None,
         "accountant": privacy.accountant,
         "sampling": privacy.sampling,
+        "target_epsilon": privacy.target_epsilon,
         "steps": result.steps,
+        "resumed_from_step": result.resumed_from_step,
         "stop_reason": result.stop_reason,
-        "examples_per_sec": _round(result.examples_per_sec, 1),
-        "step_ms": _round(result.step_ms, 2),
-        "gradient_size": _round(result.mean_embedding_values, 1),
-        "gradient_size_reduction": _round(dense_embedding_values / max(result.mean_embedding_values, 1.0), 2),
+        "examples_per_sec": _round(result.examples_per_sec, 1) if trained else None,
+        "step_ms": _round(result.step_ms, 2) if trained else None,
+        "gradient_size": _round(result.mean_embedding_values, 1) if trained else None,
+        "gradient_size_reduction": (
+            _round(dense_embedding_values / result.mean_embedding_values, 2)
+            if trained and result.mean_embedding_values else None
+        ),
     }
     if result.epsilon is None:
         line["epsilon_note"] = "not available: " + (result.epsilon_note or "no (epsilon, delta) guarantee")
     if privacy.sampling == "shuffle" and result.epsilon is not None:
         line["epsilon_note"] = SHUFFLE_NOTE
     for name, value in privacy.extra:
-        line[name] = value
+        line[name] = list(value) if isinstance(value, tuple) else value
     if extra:
         line.update(extra)
     return line

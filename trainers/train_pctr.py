@@ -9,7 +9,21 @@ Examples::
 
 Prints progress, then one JSON line (also written to ``--metrics_out``) with
 ``algorithm, auc, epsilon, delta, noise_multiplier, steps,
-examples_per_sec`` and more.
+examples_per_sec`` and more (``epsilon`` is null with ``epsilon_note`` when
+the run has no guarantee, e.g. EANA or sgd).
+
+* ``--target_epsilon`` without ``--noise_multiplier`` calibrates σ so that
+  ``--steps`` fit the budget; with both, σ is kept and training stops before
+  the step that would exceed the budget (``stop_reason`` says so).
+* ``--model_dir`` checkpoints model, optimizers, mechanism state and the
+  privacy ledger; rerunning with the same flags resumes (step count and ε
+  continue); other privacy settings are refused.
+* ``--export_dir``: SavedModel ``serve(cat=int64 ids [B, 26], dense=raw
+  counts float32 [B, 13]) -> {"probability": [B]}``.
+* Bad settings and bad data (ids outside a table, non-finite dense values,
+  too many malformed Criteo lines) fail before training with ``error: ...``
+  and exit status 2; malformed Criteo lines below the limit are skipped and
+  counted in the JSON line (``lines``, ``malformed``, ``malformed_by_kind``).
 """
 
 from __future__ import annotations
@@ -39,50 +53,94 @@ from trainers import summary
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string("algorithm", "dpsgd", "sgd | dpsgd | eana | dpfest | adafest | adafest_plus | lazydp")
-flags.DEFINE_float("noise_multiplier", 1.0, "sigma (ignored with --target_epsilon, which calibrates it)")
-flags.DEFINE_float("l2_norm_clip", 1.0, "per-example clipping bound C")
-flags.DEFINE_float("target_epsilon", None, "privacy budget; calibrates sigma and stops before exceeding it")
-flags.DEFINE_float("delta", None, "delta (default 1/N)")
-flags.DEFINE_enum("accountant", "pld", ["pld", "rdp"], "privacy accountant")
-flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"], "batch sampling (poisson is what the accounting assumes)")
-flags.DEFINE_integer("batch_size", 1024, "(expected) batch size B")
-flags.DEFINE_integer("steps", None, "training steps (or use --epochs)")
-flags.DEFINE_float("epochs", None, "training epochs (steps = epochs * N / B)")
-flags.DEFINE_float("learning_rate", 5.0, "SGD learning rate of the embedding tables (and of dense layers with --dense_optimizer=sgd)")
-flags.DEFINE_enum("dense_optimizer", "adam", ["sgd", "adam", "adagrad"], "optimizer of the dense layers (post-processing: privacy unchanged)")
-flags.DEFINE_float("dense_learning_rate", 1e-3, "learning rate of --dense_optimizer (unless sgd)")
-flags.DEFINE_string("data", "synthetic", "'synthetic' or the path of a Criteo Kaggle TSV (optionally .gz)")
-flags.DEFINE_string("eval_data", None, "Criteo TSV for evaluation (default: last --eval_fraction of --data)")
-flags.DEFINE_float("eval_fraction", 0.1, "held-out fraction when --eval_data is not given")
-flags.DEFINE_float("max_malformed_fraction", 0.01, "fail if more Criteo lines than this are malformed")
-flags.DEFINE_integer("num_examples", 200_000, "synthetic training examples")
-flags.DEFINE_integer("num_eval_examples", 50_000, "synthetic evaluation examples")
-flags.DEFINE_float("vocab_scale", 1.0, "synthetic: multiply the Kaggle vocabulary sizes (<= 1e7 rows per table)")
-flags.DEFINE_list("hidden", ["598", "598", "598", "598"], "widths of the ReLU layers")
-flags.DEFINE_integer("seed", 0, "seed of data order, initialisation and noise")
-flags.DEFINE_string("model_dir", None, "checkpoints (model, optimizer, noise state, privacy ledger); resumes if present")
-flags.DEFINE_integer("checkpoint_every", 1000, "steps between checkpoints")
-flags.DEFINE_string("export_dir", None, "write a SavedModel (raw features in, probability out) here")
-flags.DEFINE_string("metrics_out", None, "write the final JSON line here")
-flags.DEFINE_integer("log_every", 50, "steps between progress lines")
-# Algorithm knobs (see tfdp_sparse/mechanisms/<algorithm>.py).
-flags.DEFINE_string("k", None, "DP-FEST/AdaFEST+: rows kept per feature (int, or comma list per feature)")
-flags.DEFINE_string("frequency_file", None, "DP-FEST: public bucket counts CSV (feature,bucket,count)")
-flags.DEFINE_float("selection_epsilon", None, "DP-FEST: epsilon per pick of private Gumbel top-k")
-flags.DEFINE_float("tau", None, "DP-AdaFEST: threshold on the noisy contribution map")
-flags.DEFINE_float("sigma1", None, "DP-AdaFEST: noise multiplier of the contribution map")
-flags.DEFINE_float("sigma2", None, "DP-AdaFEST: noise multiplier of the gradient")
-flags.DEFINE_float("C1", None, "DP-AdaFEST: L2 bound of an example's contribution vector")
-flags.DEFINE_boolean("compare_dpsgd_step", False, "also time dense DP-SGD steps on this model and print the ratio")
 
-_KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "sigma1", "sigma2", "C1")
+def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+    """Defines the trainer's flags in ``flag_values`` (the global ``FLAGS`` by default)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("algorithm", "dpsgd", "sgd | dpsgd | eana | dpfest | adafest | adafest_plus | lazydp", **fv)
+    flags.DEFINE_float(
+        "noise_multiplier", None,
+        "sigma. With --target_epsilon: omit it to calibrate sigma so that --steps fit the budget, or give it "
+        "to keep it and stop when the budget is spent. Required for private algorithms without --target_epsilon",
+        **fv)
+    flags.DEFINE_float("l2_norm_clip", 1.0, "per-example clipping bound C (> 0)", **fv)
+    flags.DEFINE_float("target_epsilon", None, "privacy budget: calibrates sigma (see --noise_multiplier) and never "
+                       "trains past it", **fv)
+    flags.DEFINE_float("delta", None, "delta in (0, 1) (default 1/N)", **fv)
+    flags.DEFINE_enum("accountant", "pld", ["pld", "rdp"], "privacy accountant", **fv)
+    flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"],
+                      "batch sampling (poisson is what the accounting assumes)", **fv)
+    flags.DEFINE_integer("batch_size", 1024, "(expected) batch size B", **fv)
+    flags.DEFINE_integer("steps", None, "training steps (or use --epochs)", **fv)
+    flags.DEFINE_float("epochs", None, "training epochs (steps = epochs * N / B; synthetic data only)", **fv)
+    flags.DEFINE_float("learning_rate", 5.0, "SGD learning rate of the embedding tables (and of dense layers "
+                       "with --dense_optimizer=sgd)", **fv)
+    flags.DEFINE_enum("dense_optimizer", "adam", ["sgd", "adam", "adagrad"],
+                      "optimizer of the dense layers (post-processing: privacy unchanged)", **fv)
+    flags.DEFINE_float("dense_learning_rate", 1e-3, "learning rate of --dense_optimizer (unless sgd)", **fv)
+    flags.DEFINE_string("data", "synthetic", "'synthetic' or the path of a Criteo Kaggle TSV (optionally .gz)", **fv)
+    flags.DEFINE_string("eval_data", None, "Criteo TSV for evaluation (default: last --eval_fraction of --data)", **fv)
+    flags.DEFINE_float("eval_fraction", 0.1, "held-out fraction when --eval_data is not given", **fv)
+    flags.DEFINE_float("max_malformed_fraction", 0.01, "fail if more Criteo lines than this are malformed", **fv)
+    flags.DEFINE_integer("num_examples", 200_000, "synthetic training examples", **fv)
+    flags.DEFINE_integer("num_eval_examples", 50_000, "synthetic evaluation examples", **fv)
+    flags.DEFINE_float("vocab_scale", 1.0, "synthetic: multiply the Kaggle vocabulary sizes (<= 1e7 rows per table)",
+                       **fv)
+    flags.DEFINE_list("hidden", ["598", "598", "598", "598"], "widths of the ReLU layers", **fv)
+    flags.DEFINE_integer("seed", 0, "seed of data order, initialisation and noise", **fv)
+    flags.DEFINE_string("model_dir", None, "checkpoints (model, optimizer, noise state, privacy ledger); resumes "
+                        "if present", **fv)
+    flags.DEFINE_integer("checkpoint_every", 1000, "steps between checkpoints", **fv)
+    flags.DEFINE_string("export_dir", None, "write a SavedModel (raw features in, probability out) here", **fv)
+    flags.DEFINE_string("metrics_out", None, "write the final JSON line here", **fv)
+    flags.DEFINE_integer("log_every", 50, "steps between progress lines", **fv)
+    flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; not with lazydp)", **fv)
+    # Algorithm knobs (see tfdp_sparse/mechanisms/<algorithm>.py).
+    flags.DEFINE_string("k", None, "DP-FEST/AdaFEST+: rows kept per feature (int, or comma list per feature)", **fv)
+    flags.DEFINE_string("frequency_file", None, "DP-FEST/AdaFEST+: public bucket counts CSV (feature,bucket,count)",
+                        **fv)
+    flags.DEFINE_float("selection_epsilon", None, "DP-FEST/AdaFEST+: epsilon per pick of private Gumbel top-k "
+                       "(needs --accountant=rdp)", **fv)
+    flags.DEFINE_float("tau", None, "DP-AdaFEST: threshold on the noisy contribution map", **fv)
+    flags.DEFINE_float("sigma1", None, "DP-AdaFEST: noise multiplier of the contribution map", **fv)
+    flags.DEFINE_float("sigma2", None, "DP-AdaFEST: noise multiplier of the gradient (default --noise_multiplier)",
+                       **fv)
+    flags.DEFINE_float("sigma_ratio", None, "DP-AdaFEST: sigma1/sigma2 (then --noise_multiplier is the effective "
+                       "sigma of a step)", **fv)
+    flags.DEFINE_float("C1", None, "DP-AdaFEST: L2 bound of an example's contribution vector (default 1)", **fv)
+    flags.DEFINE_boolean("aggregate", None, "LazyDP: one aggregated noise draw per caught-up row (default true)",
+                         **fv)
+    flags.DEFINE_boolean("dense_fallback", None, "LazyDP: dense DP-SGD noise for plain Keras Embedding tables", **fv)
+    flags.DEFINE_boolean("compare_dpsgd_step", False, "also time dense DP-SGD steps on this model and print the "
+                         "ratio", **fv)
+
+
+define_flags()
+
+#: Algorithm knobs (flag names = knob names of PrivacyConfig.extra).
+_KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "sigma1", "sigma2", "sigma_ratio", "C1", "aggregate",
+          "dense_fallback")
 
 log = logging.getLogger("tfdp_sparse.train")
 
 
+def parse_k(text: str):
+    """``"100"`` -> 100; ``"10,20,..."`` -> a tuple with one ``k`` per feature."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"k={text!r} must be an integer or a comma-separated list of integers (one per feature)") \
+            from None
+    if not values:
+        raise ValueError(f"k={text!r} is empty")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
+    """Where the examples come from: ``source="synthetic"`` or a Criteo TSV path."""
+
     source: str = "synthetic"
     eval_source: Optional[str] = None
     eval_fraction: float = 0.1
@@ -106,8 +164,28 @@ class PctrRun:
     compare_dpsgd_step: bool = False
 
 
+def check_features(arrays, vocab_sizes, name: str) -> None:
+    """Refuses ids outside their table and non-finite dense features (naming the feature and the data)."""
+    from tfdp_sparse.data import criteo
+
+    try:
+        criteo.validate_features(arrays["cat"], arrays["dense"], vocab_sizes)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    labels = np.asarray(arrays["label"])
+    if labels.size and not np.all((labels == 0) | (labels == 1)):
+        bad = int(np.flatnonzero((labels != 0) & (labels != 1))[0])
+        raise ValueError(f"{name}: label {labels[bad]!r} at example {bad} is not 0 or 1")
+
+
 def load_data(config: DataConfig):
-    """``(train_arrays, eval_arrays, vocab_sizes, info)`` for synthetic data or a Criteo TSV."""
+    """``(train_arrays, eval_arrays, vocab_sizes, info)`` for synthetic data or a Criteo TSV.
+
+    Criteo: malformed lines are skipped, counted and reported in ``info``
+    (``lines``, ``malformed``, ``malformed_by_kind``, and ``eval_*`` for
+    ``eval_source``); more than ``max_malformed_fraction`` of them is an
+    error.
+    """
     if config.source == "synthetic":
         syn = synthetic.SyntheticCriteoConfig(
             num_examples=config.num_examples, vocab_scale=config.vocab_scale, seed=config.seed
@@ -120,22 +198,32 @@ def load_data(config: DataConfig):
             "bayes_optimal_auc": round(synthetic.expected_auc(evaluation["prob"]), 4),
         }
         for arrays in (train, evaluation):
-            arrays.pop("prob")
+            arrays.pop("prob", None)
         return train, evaluation, syn.table_sizes, info
     from tfdp_sparse.data import criteo
 
+    if not os.path.isfile(config.source):
+        raise ValueError(f"data={config.source!r} is neither 'synthetic' nor an existing Criteo TSV file")
+    if config.eval_source is not None and not os.path.isfile(config.eval_source):
+        raise ValueError(f"eval_data={config.eval_source!r} is not an existing Criteo TSV file")
+    if config.eval_source is None and not 0 < config.eval_fraction < 1:
+        raise ValueError(f"eval_fraction must lie in (0, 1), got {config.eval_fraction!r}")
+    log.info("building vocabularies from %s", config.source)
     vocabularies = criteo.build_vocabularies([config.source])
-    vocab_sizes = tuple(len(v) + 1 for v in vocabularies)
+    vocab_sizes = criteo.vocab_sizes(vocabularies)
     arrays, report = criteo.read_criteo_tsv(config.source, vocabularies)
-    report.raise_if_too_many(config.max_malformed_fraction)
-    info = {"data": config.source, "lines": report.lines, "malformed": report.malformed}
+    info = {"data": config.source, "lines": report.lines, "malformed": report.malformed,
+            "malformed_by_kind": dict(sorted(report.reason_counts.items()))}
     if report.malformed:
-        log.warning("%s: skipped %d malformed lines of %d (%s)", config.source, report.malformed, report.lines,
-                    report)
+        log.warning("%s: skipped %d malformed lines of %d: %s", config.source, report.malformed, report.lines, report)
+    report.raise_if_too_many(config.max_malformed_fraction)
     if config.eval_source:
         evaluation, eval_report = criteo.read_criteo_tsv(config.eval_source, vocabularies)
+        info.update(eval_lines=eval_report.lines, eval_malformed=eval_report.malformed)
+        if eval_report.malformed:
+            log.warning("%s: skipped %d malformed lines of %d: %s", config.eval_source, eval_report.malformed,
+                        eval_report.lines, eval_report)
         eval_report.raise_if_too_many(config.max_malformed_fraction)
-        info["eval_malformed"] = eval_report.malformed
         train = arrays
     else:
         n = len(arrays["label"])
@@ -144,18 +232,45 @@ def load_data(config: DataConfig):
             raise ValueError(f"eval_fraction={config.eval_fraction} leaves no train or eval data out of {n} examples")
         train = {k: v[:cut] for k, v in arrays.items()}
         evaluation = {k: v[cut:] for k, v in arrays.items()}
-    criteo.validate_features(train["cat"], train["dense"], vocab_sizes)
     return train, evaluation, vocab_sizes, info
 
 
-def evaluate_auc(model: tf.keras.Model, arrays, batch_size: int = 8192) -> float:
-    """ROC AUC of the model's logits on ``arrays``."""
+def evaluate_auc(model: tf.keras.Model, arrays, batch_size: int = 8192) -> Optional[float]:
+    """ROC AUC of the model's logits on ``arrays`` (``None`` if the labels have one class)."""
+    labels = np.asarray(arrays["label"])
+    if labels.size == 0 or labels.min() == labels.max():
+        log.warning("evaluation data has a single class: AUC is not defined")
+        return None
     predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True, autograph=False)
     scores = []
-    for start in range(0, len(arrays["label"]), batch_size):
+    for start in range(0, len(labels), batch_size):
         x = {"cat": arrays["cat"][start : start + batch_size], "dense": arrays["dense"][start : start + batch_size]}
         scores.append(predict(x).numpy().reshape(-1))
-    return synthetic.roc_auc(arrays["label"], np.concatenate(scores))
+    return synthetic.roc_auc(labels, np.concatenate(scores))
+
+
+def selection_counts(cat: np.ndarray, vocab_sizes) -> list[np.ndarray]:
+    """Per-feature id counts of the training data (each example adds 1 to one bucket per feature)."""
+    return [np.bincount(cat[:, f], minlength=v).astype(np.int64) for f, v in enumerate(vocab_sizes)]
+
+
+def cap_k(privacy: PrivacyConfig, vocab_sizes) -> PrivacyConfig:
+    """One ``k`` for every feature means ``min(k, rows)`` per feature (small tables are kept whole).
+
+    Criteo has tables of 3 rows, so a single ``k`` larger than that would
+    otherwise be refused by DP-FEST; the capped per-feature ``k`` is what
+    the run records (and what its privacy cost is computed from).
+    """
+    k = privacy.knob("k")
+    if k is None or isinstance(k, (tuple, list)):
+        return privacy
+    if isinstance(k, bool) or int(k) != k or k < 0:
+        raise ValueError(f"k must be an integer >= 0 (rows kept per feature), got {k!r}")
+    capped = tuple(min(int(k), int(v)) for v in vocab_sizes)
+    if any(c < k for c in capped):
+        log.info("k=%d capped to the table size of %d small features", k, sum(c < k for c in capped))
+    extra = tuple((name, capped if name == "k" else value) for name, value in privacy.extra)
+    return dataclasses.replace(privacy, extra=extra)
 
 
 def dense_dpsgd_step_ms(vocab_sizes, hidden, batch_size: int, seed: int, steps: int = 3) -> float:
@@ -179,15 +294,41 @@ def dense_dpsgd_step_ms(vocab_sizes, hidden, batch_size: int, seed: int, steps: 
     return 1000 * float(np.median(times[1:]))
 
 
+def _check_run(run: PctrRun) -> None:
+    """Cheap checks before any data is loaded."""
+    run.privacy.validate()
+    loop = run.loop
+    if isinstance(loop.batch_size, bool) or int(loop.batch_size) != loop.batch_size or loop.batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {loop.batch_size!r}")
+    if run.data.source == "synthetic" and loop.batch_size > run.data.num_examples:
+        raise ValueError(
+            f"batch_size={loop.batch_size} is larger than the training set ({run.data.num_examples} examples): "
+            "the sampling probability B/N would exceed 1; use a smaller batch or more data"
+        )
+    pctr.PctrConfig(vocab_sizes=(2,), hidden=tuple(run.hidden)).validate()
+    loop_lib.make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate)
+
+
 def train_and_evaluate(run: PctrRun) -> dict:
-    """Trains, evaluates, exports; returns the metrics dict (also printed as JSON)."""
+    """Trains, evaluates, exports; returns the metrics dict (also printed as JSON).
+
+    Raises ``ValueError`` for bad settings and bad data (ids outside a
+    table, non-finite dense features), before training starts.
+    """
+    _check_run(run)
     train, evaluation, vocab_sizes, info = load_data(run.data)
+    check_features(train, vocab_sizes, "training data")
+    check_features(evaluation, vocab_sizes, "evaluation data")
+    privacy = cap_k(run.privacy, vocab_sizes)
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden), seed=run.loop.seed)
-    result = loop_lib.train_privately(model, pctr.per_example_loss, train, run.privacy, run.loop)
+    result = loop_lib.train_privately(
+        model, pctr.per_example_loss, train, privacy, run.loop,
+        selection_counts=lambda: selection_counts(train["cat"], vocab_sizes),
+    )
     auc = evaluate_auc(model, evaluation)
     dense_values = sum(v * pctr.embedding_dim(v) for v in vocab_sizes)
     metrics = summary.metrics_line(result, auc=auc, dense_embedding_values=dense_values, extra=info)
-    if run.compare_dpsgd_step:
+    if run.compare_dpsgd_step and metrics["step_ms"]:
         dp_ms = dense_dpsgd_step_ms(vocab_sizes, run.hidden, run.loop.batch_size, run.loop.seed)
         metrics["dense_dpsgd_step_ms"] = round(dp_ms, 2)
         metrics["speedup_vs_dense_dpsgd"] = round(dp_ms / max(result.step_ms, 1e-9), 2)
@@ -198,62 +339,81 @@ def train_and_evaluate(run: PctrRun) -> dict:
     return metrics
 
 
-def run_from_flags() -> PctrRun:
-    n_train = FLAGS.num_examples
-    if FLAGS.steps is None and FLAGS.epochs is None:
+def _knob_value(name: str, value):
+    if name == "k":
+        return parse_k(value)
+    return value
+
+
+def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
+    """The :class:`PctrRun` the parsed flags ``fv`` describe (raises ``app.UsageError`` / ``ValueError``)."""
+    n_train = fv.num_examples
+    if fv.steps is None and fv.epochs is None:
         raise app.UsageError("give --steps or --epochs")
-    if FLAGS.steps is not None and FLAGS.epochs is not None:
+    if fv.steps is not None and fv.epochs is not None:
         raise app.UsageError("give only one of --steps and --epochs")
     data = DataConfig(
-        source=FLAGS.data,
-        eval_source=FLAGS.eval_data,
-        eval_fraction=FLAGS.eval_fraction,
-        max_malformed_fraction=FLAGS.max_malformed_fraction,
+        source=fv.data,
+        eval_source=fv.eval_data,
+        eval_fraction=fv.eval_fraction,
+        max_malformed_fraction=fv.max_malformed_fraction,
         num_examples=n_train,
-        num_eval_examples=FLAGS.num_eval_examples,
-        vocab_scale=FLAGS.vocab_scale,
-        seed=FLAGS.seed,
+        num_eval_examples=fv.num_eval_examples,
+        vocab_scale=fv.vocab_scale,
+        seed=fv.seed,
     )
-    steps = FLAGS.steps
+    steps = fv.steps
     if steps is None:
-        if FLAGS.data != "synthetic":
+        if fv.data != "synthetic":
             raise app.UsageError("--epochs needs the data size: use --steps with Criteo files")
-        steps = max(1, int(np.ceil(FLAGS.epochs * n_train / FLAGS.batch_size)))
-    extra = tuple((k, getattr(FLAGS, k)) for k in _KNOBS if getattr(FLAGS, k) is not None)
+        if not fv.epochs > 0 or fv.batch_size < 1:
+            raise ValueError(f"epochs must be > 0 and batch_size >= 1, got {fv.epochs!r} and {fv.batch_size!r}")
+        steps = max(1, int(np.ceil(fv.epochs * n_train / fv.batch_size)))
+    sigma = fv.noise_multiplier
+    if sigma is None and fv.target_epsilon is None and fv.algorithm != "sgd":
+        raise app.UsageError(f"--algorithm={fv.algorithm} needs --noise_multiplier or --target_epsilon")
+    extra = tuple((k, _knob_value(k, getattr(fv, k))) for k in _KNOBS if getattr(fv, k) is not None)
     privacy = PrivacyConfig(
-        algorithm=FLAGS.algorithm,
-        noise_multiplier=FLAGS.noise_multiplier,
-        l2_norm_clip=FLAGS.l2_norm_clip,
-        delta=FLAGS.delta,
-        target_epsilon=FLAGS.target_epsilon,
-        sampling=FLAGS.sampling,
-        accountant=FLAGS.accountant,
+        algorithm=fv.algorithm,
+        noise_multiplier=1.0 if sigma is None else sigma,  # placeholder when calibrated
+        l2_norm_clip=fv.l2_norm_clip,
+        delta=fv.delta,
+        target_epsilon=fv.target_epsilon,
+        sampling=fv.sampling,
+        accountant=fv.accountant,
         extra=extra,
     ).validate()
     loop = loop_lib.LoopConfig(
-        batch_size=FLAGS.batch_size,
+        batch_size=fv.batch_size,
         steps=steps,
-        learning_rate=FLAGS.learning_rate,
-        seed=FLAGS.seed,
-        model_dir=FLAGS.model_dir,
-        checkpoint_every=FLAGS.checkpoint_every,
-        log_every=FLAGS.log_every,
-        dense_optimizer=FLAGS.dense_optimizer,
-        dense_learning_rate=FLAGS.dense_learning_rate,
+        learning_rate=fv.learning_rate,
+        seed=fv.seed,
+        model_dir=fv.model_dir,
+        checkpoint_every=fv.checkpoint_every,
+        log_every=fv.log_every,
+        jit_compile=fv.jit_compile,
+        dense_optimizer=fv.dense_optimizer,
+        dense_learning_rate=fv.dense_learning_rate,
+        calibrate_noise=sigma is None,
     )
+    try:
+        hidden = tuple(int(h) for h in fv.hidden)
+    except ValueError:
+        raise ValueError(f"hidden must be a comma-separated list of integers, got {fv.hidden!r}") from None
     return PctrRun(
         privacy=privacy,
         loop=loop,
         data=data,
-        hidden=tuple(int(h) for h in FLAGS.hidden),
-        export_dir=FLAGS.export_dir,
-        metrics_out=FLAGS.metrics_out,
-        compare_dpsgd_step=FLAGS.compare_dpsgd_step,
+        hidden=hidden,
+        export_dir=fv.export_dir,
+        metrics_out=fv.metrics_out,
+        compare_dpsgd_step=fv.compare_dpsgd_step,
     )
 
 
 def main(argv):
-    del argv
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     summary.setup_logging()
     try:
         train_and_evaluate(run_from_flags())

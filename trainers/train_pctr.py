@@ -115,8 +115,6 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                          "ratio", **fv)
 
 
-define_flags()
-
 #: Algorithm knobs (flag names = knob names of PrivacyConfig.extra).
 _KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "sigma1", "sigma2", "sigma_ratio", "C1", "aggregate",
           "dense_fallback")
@@ -424,4 +422,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()  # only for the app: tests and other apps import this module
     app.run(main)

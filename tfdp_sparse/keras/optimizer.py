@@ -112,6 +112,27 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         self.momentums = [None] * len(var_list)
         self._built = True
 
+    def prebuild(self, model: tf.keras.Model) -> None:
+        """Creates optimizer state for ``model`` eagerly, before the first step.
+
+        Optimizers that create slots inside the first ``tf.function`` call
+        (Adam's moments) force a second trace of the whole step; building
+        them up front avoids it. Tables are the embedding variables of
+        ``DPEmbedding`` / ``Embedding`` layers; only the other variables get
+        ``dense_optimizer`` slots.
+        """
+        variables = list(model.trainable_variables)
+        if not variables:
+            return
+        self.build(variables)
+        if self.dense_optimizer is not None:
+            tables = {
+                layer.embeddings.ref()
+                for layer in model.submodules
+                if isinstance(getattr(layer, "embeddings", None), tf.Variable)
+            }
+            self.dense_optimizer.build([v for v in variables if v.ref() not in tables])
+
     def private_step(self, per_example_loss: tf.Tensor, var_list, tape: tf.GradientTape) -> tf.Operation:
         """Clip, noise and apply one step (the body of ``minimize``)."""
         if tape is None:

@@ -35,6 +35,7 @@ class PrivateStep:
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
+        optimizer.prebuild(model)
         # autograph off: the step has no tensor-dependent Python control flow, and
         # converting Keras and the clipping code costs tens of seconds per trace.
         self._step = tf.function(self._run, jit_compile=jit_compile, reduce_retracing=True, autograph=False)

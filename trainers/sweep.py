@@ -4,8 +4,9 @@ Trains the pCTR model on the synthetic Criteo-like data with DP-SGD, DP-FEST,
 DP-AdaFEST and DP-AdaFEST+ over a small grid of their sparsity knobs (``k``;
 ``τ`` and ``σ1/σ2``), plus a non-private SGD reference, and writes
 
-* ``results.jsonl`` — one JSON line per run (the trainer's metrics line plus
-  the knobs, ΔAUC against DP-SGD and timings);
+* ``results.jsonl`` — one JSON line per configuration (the trainer's metrics
+  line plus the knobs, ΔAUC against DP-SGD and timings; with several
+  ``--seeds`` the mean AUC ± std), ``runs.jsonl`` — one line per trained run;
 * ``results.md`` — the settings, the table and the target check;
 * ``auc_vs_reduction.png`` — AUC against gradient-size reduction (log x,
   DP-SGD at 1×, non-private SGD as a horizontal line), the analogue of
@@ -34,6 +35,12 @@ The dense features are standardised with the mean/std of that public sample
 (``--standardize_dense``, default on): with the raw ``log1p`` counts (means
 up to 7.3) the first layer's per-example gradients dominate the clipped
 norm and its noise is what ruins DP training.
+
+Private-run defaults (clip 3, table SGD lr 5, dense Adam lr 0.01) come from
+``--tune``'s grid (table lr {5, 15} × clip {1, 3} × dense lr {0.003, 0.01})
+on DP-SGD, run with LazyDP (the same output distribution as DP-SGD, since
+tables use plain SGD, at sparse cost). The non-private reference keeps the
+trainer's defaults (table lr 5, dense Adam 0.001).
 
 Examples::
 
@@ -117,6 +124,8 @@ class SweepConfig:
         each Gumbel pick.
       nonprivate_learning_rate / nonprivate_dense_learning_rate: the
         reference run's rates (the trainer's defaults, tuned for SGD).
+      seeds: every configuration is trained once per seed (batches,
+        initialisation, noise); the table shows the mean AUC (± std).
     """
 
     output_dir: str = "out/sweep"
@@ -129,7 +138,7 @@ class SweepConfig:
     hidden: tuple = (128, 64)
     batch_size: int = 2048
     steps: int = 200
-    seed: int = 0
+    seeds: tuple = (0,)
     target_epsilon: float = 1.0
     delta: Optional[float] = None
     accountant: str = "pld"
@@ -141,9 +150,9 @@ class SweepConfig:
     nonprivate_learning_rate: float = 5.0
     nonprivate_dense_learning_rate: float = 1e-3
     algorithms: tuple = SWEEP_ALGORITHMS
-    k_grid: tuple = (30, 100, 300, 1000)
-    adafest_grid: tuple = ((2.0, 1.0), (4.0, 1.0), (8.0, 3.0), (12.0, 3.0))
-    adafest_plus_grid: tuple = ((1000, 4.0, 1.0), (3000, 4.0, 1.0))
+    k_grid: tuple = (100, 300, 1000)
+    adafest_grid: tuple = ((3.0, 1.0), (4.0, 1.0), (6.0, 1.0), (8.0, 3.0))
+    adafest_plus_grid: tuple = ((1000, 4.0, 3.0),)
     C1: float = 1.0
     selection_k: Optional[int] = 100
     selection_epsilon: float = 0.003
@@ -172,6 +181,9 @@ class SweepConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        if not self.seeds or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0
+                                 for x in self.seeds) or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds={self.seeds!r} must be distinct integers >= 0 (at least one)")
         if self.batch_size > self.num_examples:
             raise ValueError(f"batch_size={self.batch_size} exceeds num_examples={self.num_examples}: the Poisson "
                              "rate B/N must be < 1")
@@ -334,10 +346,12 @@ def _round(x, digits=4):
 
 
 def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCache, *,
-            learning_rate: Optional[float] = None, dense_learning_rate: Optional[float] = None,
-            l2_norm_clip: Optional[float] = None) -> dict:
-    """Trains and evaluates one run; returns its row (the trainer's metrics line plus sweep fields)."""
+            seed: Optional[int] = None, learning_rate: Optional[float] = None,
+            dense_learning_rate: Optional[float] = None, l2_norm_clip: Optional[float] = None) -> dict:
+    """Trains and evaluates one run (``seed``: default the first of ``config.seeds``); returns its row
+    (the trainer's metrics line plus sweep fields)."""
     t_start = time.perf_counter()
+    seed = config.seeds[0] if seed is None else seed
     n = len(data.train["label"])
     delta = config.delta if config.delta is not None else 1.0 / n
     q = config.batch_size / n
@@ -356,7 +370,7 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
     t_cal = 0.0
     if private and not config.calibrate_each_run:
         t0 = time.perf_counter()
-        sigma = cache.sigma(privacy, q, config.steps, delta, config.seed)
+        sigma = cache.sigma(privacy, q, config.steps, delta, seed)
         t_cal = time.perf_counter() - t0
         # σ is fixed: the loop records the steps and we check the run's own ε below.
         privacy = dataclasses.replace(privacy, noise_multiplier=sigma, target_epsilon=None)
@@ -366,13 +380,13 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
     else:
         lr, dense_lr = config.nonprivate_learning_rate, config.nonprivate_dense_learning_rate
     loop = loop_lib.LoopConfig(
-        batch_size=config.batch_size, steps=config.steps, learning_rate=lr, seed=config.seed,
+        batch_size=config.batch_size, steps=config.steps, learning_rate=lr, seed=seed,
         log_every=config.log_every, dense_optimizer=config.dense_optimizer, dense_learning_rate=dense_lr,
         calibrate_noise=True,
     )
     t0 = time.perf_counter()
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=data.vocab_sizes, hidden=tuple(config.hidden)),
-                                  seed=config.seed)
+                                  seed=seed)
     t_build = time.perf_counter() - t0
     t0 = time.perf_counter()
     result = loop_lib.train_privately(
@@ -391,6 +405,7 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
     row.update(
         group=spec.group,
         knobs=spec.label,
+        seed=seed,
         target_epsilon=config.target_epsilon if private else None,
         learning_rate=lr,
         dense_optimizer=config.dense_optimizer,
@@ -431,9 +446,34 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
 # The sweep.
 
 
+def aggregate(runs: list[dict]) -> dict:
+    """One row from the per-seed rows of a configuration: mean AUC (± std), mean gradient size, max ε."""
+    row = dict(runs[0])
+    if len(runs) == 1:
+        row.update(seeds=[runs[0]["seed"]], auc_std=None)
+        return row
+    aucs = [r["auc"] for r in runs]
+    size = float(np.mean([r["gradient_size"] for r in runs]))
+    eps = [r["epsilon"] for r in runs if r["epsilon"] is not None]
+    row.update(
+        seeds=[r["seed"] for r in runs],
+        auc=None if None in aucs else round(float(np.mean(aucs)), 4),
+        auc_std=None if None in aucs else round(float(np.std(aucs, ddof=1)), 4),
+        auc_per_seed=aucs,
+        epsilon=max(eps) if eps else None,
+        gradient_size=round(size, 1),
+        gradient_size_reduction=round(row["dense_embedding_values"] / max(size, 1.0), 2),
+        step_ms=round(float(np.mean([r["step_ms"] for r in runs])), 2),
+        examples_per_sec=round(float(np.mean([r["examples_per_sec"] for r in runs])), 1),
+        timing_s={k: round(sum(r["timing_s"][k] for r in runs), 2) for k in runs[0]["timing_s"]},
+    )
+    row.pop("seed", None)
+    return row
+
+
 def settings_of(config: SweepConfig, data: Optional[SweepData] = None) -> dict:
     out = dataclasses.asdict(config)
-    for key in ("hidden", "algorithms", "k_grid", "adafest_grid", "adafest_plus_grid"):
+    for key in ("hidden", "seeds", "algorithms", "k_grid", "adafest_grid", "adafest_plus_grid"):
         out[key] = json.loads(json.dumps(out[key]))
     if data is not None:
         n = len(data.train["label"])
@@ -497,9 +537,11 @@ def format_markdown(rows: list[dict], settings: dict, target: dict, timing: dict
         f"({settings.get('dense_embedding_values', '?')} embedding values; Bayes-optimal AUC "
         f"{settings.get('bayes_optimal_auc', '?')}). Model: pCTR with hidden {settings['hidden']}. "
         f"Batch {settings['batch_size']} (Poisson, q={_fmt(settings.get('sampling_probability'), '.4g')}), "
-        f"{settings['steps']} steps ({settings.get('epochs', '?')} epochs), "
+        f"{settings['steps']} steps ({settings.get('epochs', '?')} epochs), seeds {settings['seeds']}"
+        f"{' (AUC: mean ± std over seeds; ΔAUC of the means)' if len(settings['seeds']) > 1 else ''}, "
         f"ε={settings['target_epsilon']:g}, δ={_fmt(settings.get('delta_used'), '.3g')}, "
-        f"accountant {settings['accountant']} (rdp for private selection). "
+        f"accountant {settings['accountant']}"
+        f"{' (rdp for private selection)' if settings['accountant'] != 'rdp' else ''}. "
         f"Private runs: clip C={settings['l2_norm_clip']:g}, table SGD lr {settings['learning_rate']:g}, "
         f"dense {settings['dense_optimizer']} lr {settings['dense_learning_rate']:g}; non-private reference: "
         f"table lr {settings['nonprivate_learning_rate']:g}, dense lr {settings['nonprivate_dense_learning_rate']:g}. "
@@ -517,8 +559,9 @@ def format_markdown(rows: list[dict], settings: dict, target: dict, timing: dict
         eps = "n/a" if r["epsilon"] is None else f"{r['epsilon']:.4f}"
         delta = _fmt(r.get("auc_delta_vs_dpsgd"), "+.4f")
         mark = " ✓" if r.get("meets_target") else ""
+        auc = _fmt(r["auc"], ".4f") + (f" ± {r['auc_std']:.4f}" if r.get("auc_std") is not None else "")
         lines.append(
-            f"| {LABELS.get(r['group'], r['group'])} | {r['knobs']} | {_fmt(r['auc'], '.4f')} | {delta}{mark} | {eps} | "
+            f"| {LABELS.get(r['group'], r['group'])} | {r['knobs']} | {auc} | {delta}{mark} | {eps} | "
             f"{_fmt(r['noise_multiplier'], '.4f') if r['epsilon'] is not None else '–'} | {s12} | "
             f"{r['gradient_size']:.0f} | {r['gradient_size_reduction']:.1f}× | {_fmt(r['step_ms'], '.1f')} | "
             f"{r['timing_s']['run_total']:.1f} |"
@@ -530,13 +573,14 @@ def format_markdown(rows: list[dict], settings: dict, target: dict, timing: dict
         "",
         f"**Target** ({target['target']}): **{'met' if target['met'] else 'not met'}**. Best reduction with AUC "
         "within the tolerance of DP-SGD: " + ", ".join(
-            f"{LABELS[g]} {('%.1f×' % v) if v is not None else '–'}" for g, v in best.items()) + ".",
+            f"{LABELS[g]} {('%.1f×' % v) if v is not None else '–'}" for g, v in best.items()
+        if any(r["group"] == g for r in rows)) + ".",
         f"ε of the private runs: {target['epsilon_range']}.",
         "",
         "Time: " + ", ".join(f"{k} {v:.0f} s" for k, v in timing.items()) + ".",
     ]
-    notes = [f"- {LABELS.get(r['group'], r['group'])} {r['knobs']}: {r['epsilon_note']}" for r in rows
-             if r.get("epsilon_note")]
+    notes = [f"- {LABELS.get(r['group'], r['group'])}{'' if r['knobs'] == '-' else ' ' + r['knobs']}: ε "
+             f"{r['epsilon_note']}" for r in rows if r.get("epsilon_note")]
     if any(r["group"] == "dpfest_private" for r in rows):
         notes.append("- DP-FEST (private selection): Gumbel top-k of the training counts, ρ-zCDP = k·F·ε0²/8 "
                      "composed with training in the RDP accountant; σ calibrated so the total meets the same ε.")
@@ -561,18 +605,24 @@ def plot(rows: list[dict], path: str, settings: dict, target: dict) -> None:
         "adafest_plus": dict(marker="^", color="tab:green"),
     }
     for group, style in styles.items():
-        pts = sorted((r["gradient_size_reduction"], r["auc"], r["knobs"]) for r in rows
-                     if r["group"] == group and r["auc"] is not None)
+        pts = sorted(((r["gradient_size_reduction"], r["auc"], r["knobs"], r.get("auc_std")) for r in rows
+                      if r["group"] == group and r["auc"] is not None), key=lambda p: p[0])
         if not pts:
             continue
-        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        xs, ys, errs = [p[0] for p in pts], [p[1] for p in pts], [p[3] for p in pts]
         style = dict(style)
         ax.scatter(xs, ys, label=LABELS[group], s=style.pop("s", 50), **style)
+        if any(e is not None for e in errs):
+            ax.errorbar(xs, ys, yerr=[e or 0.0 for e in errs], fmt="none", ecolor=style["color"], alpha=0.6,
+                        capsize=3)
         if group in ("dpfest",) and len(pts) > 1:
             ax.plot(xs, ys, color=style["color"], alpha=0.5, lw=1)
         if group != "dpsgd":
-            for x, y, label in pts:
-                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=6.5,
+            # Label placement per series keeps neighbouring series' labels apart.
+            offset, ha = {"adafest_plus": ((-5, 6), "right"), "dpfest_private": ((5, -11), "left")}.get(
+                group, ((5, 5), "left"))
+            for x, y, label, _ in pts:
+                ax.annotate(label, (x, y), textcoords="offset points", xytext=offset, ha=ha, fontsize=6.5,
                             color=style["color"])
     ref = target.get("dpsgd_auc")
     if ref is not None:
@@ -661,15 +711,21 @@ def run_sweep(config: SweepConfig, tune_grid: Optional[dict] = None) -> dict:
     specs = ([RunSpec("sgd", "sgd")] if config.nonprivate_reference else []) + plan_runs(config)
     rows = []
     jsonl = os.path.join(config.output_dir, "results.jsonl")
-    with open(jsonl, "w") as f:
+    per_seed = os.path.join(config.output_dir, "runs.jsonl")
+    total = len(specs) * len(config.seeds)
+    with open(per_seed, "w") as f:
         for i, spec in enumerate(specs):
-            log.info("run %d/%d: %s %s", i + 1, len(specs), LABELS[spec.group], spec.label)
-            row = run_one(spec, config, data, cache)
-            rows.append(row)
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            log.info("-> AUC %s, epsilon %s, reduction %.1fx, %.1fs", row["auc"], row["epsilon"],
-                     row["gradient_size_reduction"], row["timing_s"]["run_total"])
+            runs = []
+            for j, seed in enumerate(config.seeds):
+                log.info("run %d/%d: %s %s (seed %d)", i * len(config.seeds) + j + 1, total, LABELS[spec.group],
+                         spec.label, seed)
+                run = run_one(spec, config, data, cache, seed=seed)
+                runs.append(run)
+                f.write(json.dumps(run) + "\n")
+                f.flush()
+                log.info("-> AUC %s, epsilon %s, reduction %.1fx, %.1fs", run["auc"], run["epsilon"],
+                         run["gradient_size_reduction"], run["timing_s"]["run_total"])
+            rows.append(aggregate(runs))
     target = annotate(rows, config)
     with open(jsonl, "w") as f:
         for row in rows:
@@ -689,7 +745,8 @@ def run_sweep(config: SweepConfig, tune_grid: Optional[dict] = None) -> dict:
         f.write(markdown)
     print(markdown, flush=True)
     return {"rows": rows, "target": target, "settings": settings, "timing": timing, "tune_rows": tune_rows,
-            "paths": {"jsonl": jsonl, "markdown": md, "png": png, "frequency_file": data.frequency_file}}
+            "paths": {"jsonl": jsonl, "runs": per_seed, "markdown": md, "png": png,
+                      "frequency_file": data.frequency_file}}
 
 
 # ----------------------------------------------------------------------------
@@ -714,7 +771,8 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_list("hidden", [str(h) for h in _D.hidden], "ReLU layer widths (paper: 598,598,598,598)", **kw)
     flags.DEFINE_integer("batch_size", _D.batch_size, "expected (Poisson) batch size", **kw)
     flags.DEFINE_integer("steps", _D.steps, "training steps of every run (before --scale)", **kw)
-    flags.DEFINE_integer("seed", _D.seed, "seed of batches, initialisation and noise (same for every run)", **kw)
+    flags.DEFINE_list("seeds", [str(x) for x in _D.seeds], "seeds of batches, initialisation and noise; every "
+                      "configuration runs once per seed and reports the mean AUC", **kw)
     flags.DEFINE_integer("data_seed", _D.data_seed, "seed of the synthetic generator", **kw)
     flags.DEFINE_float("target_epsilon", _D.target_epsilon, "epsilon of every private run", **kw)
     flags.DEFINE_float("delta", None, "delta (default 1/N)", **kw)
@@ -786,7 +844,7 @@ def config_from_flags(fv: flags.FlagValues) -> tuple[SweepConfig, Optional[dict]
         hidden=tuple(int(h) for h in fv.hidden),
         batch_size=fv.batch_size,
         steps=fv.steps,
-        seed=fv.seed,
+        seeds=tuple(int(x) for x in _floats(fv.seeds, "seeds")),
         target_epsilon=fv.target_epsilon,
         delta=fv.delta,
         accountant=fv.accountant,

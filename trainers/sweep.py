@@ -527,7 +527,8 @@ def _fmt(value, spec="") -> str:
     return str(value)
 
 
-def format_markdown(rows: list[dict], settings: dict, target: dict, timing: dict) -> str:
+def format_markdown(rows: list[dict], settings: dict, target: dict, timing: dict,
+                    tune_rows: Sequence[dict] = ()) -> str:
     """The report: settings, table, target check and where the time went."""
     lines = [
         "# Utility sweep: AUC vs gradient-size reduction",
@@ -586,6 +587,11 @@ def format_markdown(rows: list[dict], settings: dict, target: dict, timing: dict
                      "composed with training in the RDP accountant; σ calibrated so the total meets the same ε.")
     notes.append("- Hyperparameters were chosen on the evaluation set (a small search on DP-SGD); that search "
                  "is not accounted in ε, as usual in such comparisons.")
+    if tune_rows:
+        lines += ["", f"Tuning ({tune_rows[0]['algorithm']}, DP-SGD's output distribution; best used above):", "",
+                  "| table lr | clip | dense lr | AUC |", "|---|---|---|---|"]
+        lines += [f"| {r['learning_rate']:g} | {r['l2_norm_clip']:g} | {r['dense_learning_rate']:g} | {r['auc']:.4f} |"
+                  for r in tune_rows]
     return "\n".join(lines + ["", "Notes:"] + notes) + "\n"
 
 
@@ -739,7 +745,7 @@ def run_sweep(config: SweepConfig, tune_grid: Optional[dict] = None) -> dict:
     timing["plot"] = time.perf_counter() - t0
     timing["total"] = time.perf_counter() - t_all
     timing = {k: v for k, v in timing.items() if v > 0 or k == "total"}
-    markdown = format_markdown(rows, settings, target, timing)
+    markdown = format_markdown(rows, settings, target, timing, tune_rows)
     md = os.path.join(config.output_dir, "results.md")
     with open(md, "w") as f:
         f.write(markdown)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
 from typing import Callable, Mapping, Optional, Sequence
 

@@ -61,7 +61,6 @@ import dataclasses
 import json
 import logging
 import math
-import sys
 import time
 from typing import Optional
 
@@ -72,7 +71,7 @@ from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.privacy_tests import secret_sharer as ss
 from trainers import loop as loop_lib
-from trainers import summary
+from trainers import common_flags
 from trainers import train_dual_encoder as trainer
 
 FLAGS = flags.FLAGS
@@ -412,15 +411,7 @@ def experiment_from_flags(fv: flags.FlagValues = FLAGS) -> Experiment:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    summary.setup_logging()
-    try:
-        run_experiment(experiment_from_flags())
-    except (ValueError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return common_flags.run_app(lambda: run_experiment(experiment_from_flags()), argv)
 
 
 if __name__ == "__main__":

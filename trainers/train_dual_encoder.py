@@ -43,7 +43,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import dataclasses
 import logging
-import sys
 from typing import Optional
 
 from absl import app, flags
@@ -53,15 +52,12 @@ from models import dual_encoder
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import movielens
 from trainers import loop as loop_lib
+from trainers import common_flags
 from trainers import summary
 
 FLAGS = flags.FLAGS
 
 DEFAULT_STEPS = 1000
-
-#: Algorithm knobs (flag names = knob names of PrivacyConfig.extra).
-KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "sigma1", "sigma2", "sigma_ratio", "C1", "aggregate",
-         "dense_fallback")
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -69,23 +65,11 @@ log = logging.getLogger("tfdp_sparse.train")
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     """Defines the trainer's flags in ``flag_values`` (done by ``__main__``; importing defines none)."""
     fv = dict(flag_values=flag_values)
-    flags.DEFINE_string("algorithm", "dpsgd", "sgd | dpsgd | eana | dpfest | adafest | adafest_plus | lazydp", **fv)
-    flags.DEFINE_float("noise_multiplier", None, "sigma (required for private algorithms without --target_epsilon; "
-                       "with it: omit to calibrate, give to keep sigma and stop when the budget is spent)", **fv)
-    flags.DEFINE_float("l2_norm_clip", 1.0, "per-example clipping bound C (> 0)", **fv)
-    flags.DEFINE_float("target_epsilon", None, "privacy budget (calibrates sigma, never trains past it)", **fv)
-    flags.DEFINE_float("delta", None, "delta in (0, 1) (default 1/N)", **fv)
-    flags.DEFINE_enum("accountant", "pld", ["pld", "rdp"], "privacy accountant", **fv)
-    flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"],
-                      "batch sampling (poisson is what the accounting assumes)", **fv)
+    common_flags.define_privacy_flags(flag_values)
     flags.DEFINE_integer("batch_size", 64, "(expected) batch size B (64 in the EANA paper)", **fv)
     flags.DEFINE_integer("steps", None, f"training steps (default {DEFAULT_STEPS}; or use --epochs)", **fv)
     flags.DEFINE_float("epochs", None, "training epochs over the sampled examples (steps = epochs * N / B)", **fv)
-    flags.DEFINE_float("learning_rate", 20.0, "SGD learning rate of the embedding tables (and of dense layers with "
-                       "--dense_optimizer=sgd); the update is lr * G / B", **fv)
-    flags.DEFINE_enum("dense_optimizer", "adam", ["sgd", "adam", "adagrad"],
-                      "optimizer of the dense layers (post-processing: privacy unchanged)", **fv)
-    flags.DEFINE_float("dense_learning_rate", 1e-3, "learning rate of --dense_optimizer (unless sgd)", **fv)
+    common_flags.define_optimizer_flags(flag_values, learning_rate=20.0)
     flags.DEFINE_string("data", "synthetic", "'synthetic' or a MovieLens ratings file (ratings.csv / ratings.dat)",
                         **fv)
     flags.DEFINE_string("movies", None, "MovieLens catalogue (movies.csv / movies.dat) fixing the id space", **fv)
@@ -110,17 +94,6 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_integer("checkpoint_every", 1000, "steps between checkpoints", **fv)
     flags.DEFINE_string("metrics_out", None, "write the final JSON line here", **fv)
     flags.DEFINE_integer("log_every", 100, "steps between progress lines", **fv)
-    flags.DEFINE_string("k", None, "DP-FEST/AdaFEST+: rows kept per table (int, or comma list per table)", **fv)
-    flags.DEFINE_string("frequency_file", None, "DP-FEST/AdaFEST+: public counts CSV (feature,bucket,count)", **fv)
-    flags.DEFINE_float("selection_epsilon", None, "DP-FEST private selection (refused: multi-id context)", **fv)
-    flags.DEFINE_float("tau", None, "DP-AdaFEST: threshold on the noisy contribution map", **fv)
-    flags.DEFINE_float("sigma1", None, "DP-AdaFEST: noise multiplier of the contribution map", **fv)
-    flags.DEFINE_float("sigma2", None, "DP-AdaFEST: noise multiplier of the gradient", **fv)
-    flags.DEFINE_float("sigma_ratio", None, "DP-AdaFEST: sigma1/sigma2 (--noise_multiplier is then the effective "
-                       "sigma)", **fv)
-    flags.DEFINE_float("C1", None, "DP-AdaFEST: L2 bound of an example's contribution vector", **fv)
-    flags.DEFINE_boolean("aggregate", None, "LazyDP: one aggregated noise draw per caught-up row", **fv)
-    flags.DEFINE_boolean("dense_fallback", None, "LazyDP: dense noise for plain Keras Embedding tables", **fv)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,18 +230,6 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
     return metrics
 
 
-def parse_k(text: str):
-    """``"100"`` -> 100; ``"10,20"`` -> ``(10, 20)`` (one per table)."""
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"k={text!r} must be an integer or a comma-separated list of integers") from None
-    if not values:
-        raise ValueError(f"k={text!r} is empty")
-    return values[0] if len(values) == 1 else tuple(values)
-
-
 def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
     """The :class:`DualEncoderRun` the parsed flags ``fv`` describe."""
     if fv.steps is not None and fv.epochs is not None:
@@ -280,21 +241,12 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
         steps = max(1, int(np.ceil(fv.epochs * fv.num_examples / fv.batch_size)))
     elif steps is None:
         steps = DEFAULT_STEPS
-    sigma = fv.noise_multiplier
-    if sigma is None and fv.target_epsilon is None and fv.algorithm != "sgd":
-        raise app.UsageError(f"--algorithm={fv.algorithm} needs --noise_multiplier or --target_epsilon")
-    extra = tuple((k, parse_k(getattr(fv, k)) if k == "k" else getattr(fv, k))
-                  for k in KNOBS if getattr(fv, k) is not None)
-    privacy = PrivacyConfig(
-        algorithm=fv.algorithm, noise_multiplier=1.0 if sigma is None else sigma, l2_norm_clip=fv.l2_norm_clip,
-        delta=fv.delta, target_epsilon=fv.target_epsilon, sampling=fv.sampling, accountant=fv.accountant,
-        extra=extra,
-    ).validate()
+    privacy = common_flags.privacy_from_flags(fv)
     loop = loop_lib.LoopConfig(
         batch_size=fv.batch_size, steps=steps, learning_rate=fv.learning_rate, seed=fv.seed,
         model_dir=fv.model_dir, checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
         dense_optimizer=fv.dense_optimizer, dense_learning_rate=fv.dense_learning_rate,
-        calibrate_noise=sigma is None,
+        calibrate_noise=fv.noise_multiplier is None,
     )
     data = DataConfig(
         source=fv.data, movies=fv.movies, max_bad_fraction=fv.max_bad_fraction, num_users=fv.num_users,
@@ -310,15 +262,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    summary.setup_logging()
-    try:
-        train_and_evaluate(run_from_flags())
-    except (ValueError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return common_flags.run_app(lambda: train_and_evaluate(run_from_flags()), argv)
 
 
 if __name__ == "__main__":

@@ -34,9 +34,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import dataclasses
-import json
 import logging
-import sys
 import time
 from typing import Optional
 
@@ -49,6 +47,7 @@ from tfdp_sparse import export as export_lib
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import synthetic
 from trainers import loop as loop_lib
+from trainers import common_flags
 from trainers import summary
 
 FLAGS = flags.FLAGS
@@ -57,27 +56,11 @@ FLAGS = flags.FLAGS
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     """Defines the trainer's flags in ``flag_values`` (the global ``FLAGS`` by default)."""
     fv = dict(flag_values=flag_values)
-    flags.DEFINE_string("algorithm", "dpsgd", "sgd | dpsgd | eana | dpfest | adafest | adafest_plus | lazydp", **fv)
-    flags.DEFINE_float(
-        "noise_multiplier", None,
-        "sigma. With --target_epsilon: omit it to calibrate sigma so that --steps fit the budget, or give it "
-        "to keep it and stop when the budget is spent. Required for private algorithms without --target_epsilon",
-        **fv)
-    flags.DEFINE_float("l2_norm_clip", 1.0, "per-example clipping bound C (> 0)", **fv)
-    flags.DEFINE_float("target_epsilon", None, "privacy budget: calibrates sigma (see --noise_multiplier) and never "
-                       "trains past it", **fv)
-    flags.DEFINE_float("delta", None, "delta in (0, 1) (default 1/N)", **fv)
-    flags.DEFINE_enum("accountant", "pld", ["pld", "rdp"], "privacy accountant", **fv)
-    flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"],
-                      "batch sampling (poisson is what the accounting assumes)", **fv)
+    common_flags.define_privacy_flags(flag_values)
     flags.DEFINE_integer("batch_size", 1024, "(expected) batch size B", **fv)
     flags.DEFINE_integer("steps", None, "training steps (or use --epochs)", **fv)
     flags.DEFINE_float("epochs", None, "training epochs (steps = epochs * N / B; synthetic data only)", **fv)
-    flags.DEFINE_float("learning_rate", 5.0, "SGD learning rate of the embedding tables (and of dense layers "
-                       "with --dense_optimizer=sgd)", **fv)
-    flags.DEFINE_enum("dense_optimizer", "adam", ["sgd", "adam", "adagrad"],
-                      "optimizer of the dense layers (post-processing: privacy unchanged)", **fv)
-    flags.DEFINE_float("dense_learning_rate", 1e-3, "learning rate of --dense_optimizer (unless sgd)", **fv)
+    common_flags.define_optimizer_flags(flag_values, learning_rate=5.0)
     flags.DEFINE_string("data", "synthetic", "'synthetic' or the path of a Criteo Kaggle TSV (optionally .gz)", **fv)
     flags.DEFINE_string("eval_data", None, "Criteo TSV for evaluation (default: last --eval_fraction of --data)", **fv)
     flags.DEFINE_float("eval_fraction", 0.1, "held-out fraction when --eval_data is not given", **fv)
@@ -95,44 +78,11 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_string("metrics_out", None, "write the final JSON line here", **fv)
     flags.DEFINE_integer("log_every", 50, "steps between progress lines", **fv)
     flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; not with lazydp)", **fv)
-    # Algorithm knobs (see tfdp_sparse/mechanisms/<algorithm>.py).
-    flags.DEFINE_string("k", None, "DP-FEST/AdaFEST+: rows kept per feature (int, or comma list per feature)", **fv)
-    flags.DEFINE_string("frequency_file", None, "DP-FEST/AdaFEST+: public bucket counts CSV (feature,bucket,count)",
-                        **fv)
-    flags.DEFINE_float("selection_epsilon", None, "DP-FEST/AdaFEST+: epsilon per pick of private Gumbel top-k "
-                       "(needs --accountant=rdp)", **fv)
-    flags.DEFINE_float("tau", None, "DP-AdaFEST: threshold on the noisy contribution map", **fv)
-    flags.DEFINE_float("sigma1", None, "DP-AdaFEST: noise multiplier of the contribution map", **fv)
-    flags.DEFINE_float("sigma2", None, "DP-AdaFEST: noise multiplier of the gradient (default --noise_multiplier)",
-                       **fv)
-    flags.DEFINE_float("sigma_ratio", None, "DP-AdaFEST: sigma1/sigma2 (then --noise_multiplier is the effective "
-                       "sigma of a step)", **fv)
-    flags.DEFINE_float("C1", None, "DP-AdaFEST: L2 bound of an example's contribution vector (default 1)", **fv)
-    flags.DEFINE_boolean("aggregate", None, "LazyDP: one aggregated noise draw per caught-up row (default true)",
-                         **fv)
-    flags.DEFINE_boolean("dense_fallback", None, "LazyDP: dense DP-SGD noise for plain Keras Embedding tables", **fv)
     flags.DEFINE_boolean("compare_dpsgd_step", False, "also time dense DP-SGD steps on this model and print the "
                          "ratio", **fv)
 
 
-#: Algorithm knobs (flag names = knob names of PrivacyConfig.extra).
-_KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "sigma1", "sigma2", "sigma_ratio", "C1", "aggregate",
-          "dense_fallback")
-
 log = logging.getLogger("tfdp_sparse.train")
-
-
-def parse_k(text: str):
-    """``"100"`` -> 100; ``"10,20,..."`` -> a tuple with one ``k`` per feature."""
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"k={text!r} must be an integer or a comma-separated list of integers (one per feature)") \
-            from None
-    if not values:
-        raise ValueError(f"k={text!r} is empty")
-    return values[0] if len(values) == 1 else tuple(values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,12 +287,6 @@ def train_and_evaluate(run: PctrRun) -> dict:
     return metrics
 
 
-def _knob_value(name: str, value):
-    if name == "k":
-        return parse_k(value)
-    return value
-
-
 def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
     """The :class:`PctrRun` the parsed flags ``fv`` describe (raises ``app.UsageError`` / ``ValueError``)."""
     n_train = fv.num_examples
@@ -367,20 +311,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         if not fv.epochs > 0 or fv.batch_size < 1:
             raise ValueError(f"epochs must be > 0 and batch_size >= 1, got {fv.epochs!r} and {fv.batch_size!r}")
         steps = max(1, int(np.ceil(fv.epochs * n_train / fv.batch_size)))
-    sigma = fv.noise_multiplier
-    if sigma is None and fv.target_epsilon is None and fv.algorithm != "sgd":
-        raise app.UsageError(f"--algorithm={fv.algorithm} needs --noise_multiplier or --target_epsilon")
-    extra = tuple((k, _knob_value(k, getattr(fv, k))) for k in _KNOBS if getattr(fv, k) is not None)
-    privacy = PrivacyConfig(
-        algorithm=fv.algorithm,
-        noise_multiplier=1.0 if sigma is None else sigma,  # placeholder when calibrated
-        l2_norm_clip=fv.l2_norm_clip,
-        delta=fv.delta,
-        target_epsilon=fv.target_epsilon,
-        sampling=fv.sampling,
-        accountant=fv.accountant,
-        extra=extra,
-    ).validate()
+    privacy = common_flags.privacy_from_flags(fv)
     loop = loop_lib.LoopConfig(
         batch_size=fv.batch_size,
         steps=steps,
@@ -392,7 +323,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         jit_compile=fv.jit_compile,
         dense_optimizer=fv.dense_optimizer,
         dense_learning_rate=fv.dense_learning_rate,
-        calibrate_noise=sigma is None,
+        calibrate_noise=fv.noise_multiplier is None,
     )
     try:
         hidden = tuple(int(h) for h in fv.hidden)
@@ -410,15 +341,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    summary.setup_logging()
-    try:
-        train_and_evaluate(run_from_flags())
-    except (ValueError, TypeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return common_flags.run_app(lambda: train_and_evaluate(run_from_flags()), argv)
 
 
 if __name__ == "__main__":

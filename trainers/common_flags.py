@@ -1,0 +1,116 @@
+"""Flags every trainer shares: the privacy settings, the algorithm knobs, the app wrapper.
+
+The privacy-relevant flags (algorithm, sigma, C, delta, budget, sampling,
+accountant and the algorithms' knobs) are defined once here and turned into
+one :class:`tfdp_sparse.config.PrivacyConfig`, so every trainer accepts the
+same settings with the same meaning.
+
+Example::
+
+    define_privacy_flags(flags.FLAGS)
+    ...
+    privacy = privacy_from_flags(flags.FLAGS)
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from absl import app, flags
+
+from tfdp_sparse.config import PrivacyConfig
+from trainers import summary
+
+#: Algorithm knobs (flag names = knob names of ``PrivacyConfig.extra``).
+KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "sigma1", "sigma2", "sigma_ratio", "C1", "aggregate",
+         "dense_fallback")
+
+
+def define_privacy_flags(flag_values: flags.FlagValues) -> None:
+    """Defines the privacy settings and algorithm knobs in ``flag_values``."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_string("algorithm", "dpsgd", "sgd | dpsgd | eana | dpfest | adafest | adafest_plus | lazydp", **fv)
+    flags.DEFINE_float(
+        "noise_multiplier", None,
+        "sigma. With --target_epsilon: omit it to calibrate sigma so that --steps fit the budget, or give it "
+        "to keep it and stop when the budget is spent. Required for private algorithms without --target_epsilon",
+        **fv)
+    flags.DEFINE_float("l2_norm_clip", 1.0, "per-example clipping bound C (> 0)", **fv)
+    flags.DEFINE_float("target_epsilon", None, "privacy budget: calibrates sigma (see --noise_multiplier) and never "
+                       "trains past it", **fv)
+    flags.DEFINE_float("delta", None, "delta in (0, 1) (default 1/N)", **fv)
+    flags.DEFINE_enum("accountant", "pld", ["pld", "rdp"], "privacy accountant", **fv)
+    flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"],
+                      "batch sampling (poisson is what the accounting assumes)", **fv)
+    # Algorithm knobs (see tfdp_sparse/mechanisms/<algorithm>.py).
+    flags.DEFINE_string("k", None, "DP-FEST/AdaFEST+: rows kept per table (int, or comma list per table)", **fv)
+    flags.DEFINE_string("frequency_file", None, "DP-FEST/AdaFEST+: public bucket counts CSV (feature,bucket,count)",
+                        **fv)
+    flags.DEFINE_float("selection_epsilon", None, "DP-FEST/AdaFEST+: epsilon per pick of private Gumbel top-k "
+                       "(needs --accountant=rdp; single-id features only)", **fv)
+    flags.DEFINE_float("tau", None, "DP-AdaFEST: threshold on the noisy contribution map", **fv)
+    flags.DEFINE_float("sigma1", None, "DP-AdaFEST: noise multiplier of the contribution map", **fv)
+    flags.DEFINE_float("sigma2", None, "DP-AdaFEST: noise multiplier of the gradient (default --noise_multiplier)",
+                       **fv)
+    flags.DEFINE_float("sigma_ratio", None, "DP-AdaFEST: sigma1/sigma2 (then --noise_multiplier is the effective "
+                       "sigma of a step)", **fv)
+    flags.DEFINE_float("C1", None, "DP-AdaFEST: L2 bound of an example's contribution vector (default 1)", **fv)
+    flags.DEFINE_boolean("aggregate", None, "LazyDP: one aggregated noise draw per caught-up row (default true)",
+                         **fv)
+    flags.DEFINE_boolean("dense_fallback", None, "LazyDP: dense DP-SGD noise for plain Keras Embedding tables", **fv)
+
+
+def define_optimizer_flags(flag_values: flags.FlagValues, learning_rate: float) -> None:
+    """``--learning_rate`` (tables), ``--dense_optimizer``, ``--dense_learning_rate``."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_float("learning_rate", learning_rate, "SGD learning rate of the embedding tables (and of dense "
+                       "layers with --dense_optimizer=sgd); the update is lr * G / B", **fv)
+    flags.DEFINE_enum("dense_optimizer", "adam", ["sgd", "adam", "adagrad"],
+                      "optimizer of the dense layers (post-processing: privacy unchanged)", **fv)
+    flags.DEFINE_float("dense_learning_rate", 1e-3, "learning rate of --dense_optimizer (unless sgd)", **fv)
+
+
+def parse_k(text: str):
+    """``"100"`` -> 100; ``"10,20,..."`` -> a tuple with one ``k`` per table."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"k={text!r} must be an integer or a comma-separated list of integers") from None
+    if not values:
+        raise ValueError(f"k={text!r} is empty")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def privacy_from_flags(fv: flags.FlagValues) -> PrivacyConfig:
+    """The validated :class:`PrivacyConfig` of the parsed flags (``noise_multiplier`` 1.0 until calibrated)."""
+    sigma = fv.noise_multiplier
+    if sigma is None and fv.target_epsilon is None and fv.algorithm != "sgd":
+        raise app.UsageError(f"--algorithm={fv.algorithm} needs --noise_multiplier or --target_epsilon")
+    extra = tuple(
+        (k, parse_k(getattr(fv, k)) if k == "k" else getattr(fv, k)) for k in KNOBS if getattr(fv, k) is not None
+    )
+    return PrivacyConfig(
+        algorithm=fv.algorithm,
+        noise_multiplier=1.0 if sigma is None else sigma,  # placeholder when calibrated
+        l2_norm_clip=fv.l2_norm_clip,
+        delta=fv.delta,
+        target_epsilon=fv.target_epsilon,
+        sampling=fv.sampling,
+        accountant=fv.accountant,
+        extra=extra,
+    ).validate()
+
+
+def run_app(job: Callable[[], object], argv) -> int:
+    """Runs ``job`` as an absl main: progress logging, bad settings -> ``error: ...`` and exit code 2."""
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    summary.setup_logging()
+    try:
+        job()
+    except (ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

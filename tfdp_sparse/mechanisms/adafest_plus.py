@@ -37,12 +37,11 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import dp_accounting
-import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms import adafest
 from tfdp_sparse.mechanisms.base import Gradient, NoisedGradients
-from tfdp_sparse.mechanisms.dpfest import BucketSelection, selection_from_config
+from tfdp_sparse.mechanisms.dpfest import BucketSelection, UsesSelection, selection_from_config
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 
 
@@ -85,7 +84,7 @@ def filter_in_domains(
     return out
 
 
-class AdaFESTPlus(adafest.AdaFEST):
+class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
     """DP-AdaFEST inside DP-FEST's kept sets.
 
     Args:
@@ -110,18 +109,6 @@ class AdaFESTPlus(adafest.AdaFEST):
         if not isinstance(selection, BucketSelection):
             raise TypeError(f"selection must be a BucketSelection, got {type(selection).__name__}")
         self.selection = selection
-
-    def bind_model(self, model) -> None:
-        """See :meth:`BucketSelection.bind_model`."""
-        self.selection.bind_model(model)
-
-    def select(self, counts_per_table: Sequence) -> list[np.ndarray]:
-        """Private preselection from training counts; see :meth:`BucketSelection.select`."""
-        return self.selection.select(counts_per_table)
-
-    @property
-    def required_accountant(self) -> Optional[str]:
-        return self.selection.required_accountant
 
     def privatize(
         self,

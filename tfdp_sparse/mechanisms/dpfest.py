@@ -569,7 +569,25 @@ def selection_from_config(config, seed: Optional[int] = None) -> BucketSelection
     )
 
 
-class DPFEST(Mechanism):
+class UsesSelection:
+    """Trainer-facing API of mechanisms that hold a :class:`BucketSelection` as ``self.selection``."""
+
+    selection: "BucketSelection"
+
+    def bind_model(self, model) -> None:
+        """See :meth:`BucketSelection.bind_model`."""
+        self.selection.bind_model(model)
+
+    def select(self, counts_per_table: Sequence) -> list[np.ndarray]:
+        """Private Gumbel top-k from training counts; see :meth:`BucketSelection.select`."""
+        return self.selection.select(counts_per_table)
+
+    @property
+    def required_accountant(self) -> Optional[str]:
+        return self.selection.required_accountant
+
+
+class DPFEST(UsesSelection, Mechanism):
     """DP-SGD noise on every kept row of every table, nothing elsewhere.
 
     Args:
@@ -600,19 +618,6 @@ class DPFEST(Mechanism):
         elif k is not None or selection_kwargs:
             raise ValueError("give either selection=... or k and its source knobs, not both")
         self.selection = selection
-
-    # Delegation to the selection (the trainer-facing API).
-    def bind_model(self, model) -> None:
-        """See :meth:`BucketSelection.bind_model`."""
-        self.selection.bind_model(model)
-
-    def select(self, counts_per_table: Sequence) -> list[np.ndarray]:
-        """Private Gumbel top-k from training counts; see :meth:`BucketSelection.select`."""
-        return self.selection.select(counts_per_table)
-
-    @property
-    def required_accountant(self) -> Optional[str]:
-        return self.selection.required_accountant
 
     def privatize(
         self,

@@ -330,6 +330,17 @@ class AdaFEST(Mechanism):
         """:func:`contribution_filter` with this mechanism's settings and generator."""
         return contribution_filter(lookups, num_buckets, tau=self.tau, sigma1=self.sigma1, C1=self.C1, rng=self.rng)
 
+    #: Name used in error messages.
+    _label = "DP-AdaFEST"
+
+    def _table_filters(
+        self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable], is_table: Sequence[bool]
+    ) -> dict[int, TableFilter]:
+        """Variable index -> the rows kept (true and false positives) for each table."""
+        tables = [i for i, t in enumerate(is_table) if t]
+        filters = self.filter([lookups[i] for i in tables], [int(variables[i].shape[0]) for i in tables])
+        return dict(zip(tables, filters))
+
     def privatize(
         self,
         grads: Sequence[Gradient],
@@ -337,10 +348,8 @@ class AdaFEST(Mechanism):
         is_table: Sequence[bool],
         lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
     ) -> NoisedGradients:
-        lookups = check_lookups(grads, variables, is_table, lookups, "DP-AdaFEST")
-        tables = [i for i, t in enumerate(is_table) if t]
-        filters = self.filter([lookups[i] for i in tables], [int(variables[i].shape[0]) for i in tables])
-        by_index = dict(zip(tables, filters))
+        lookups = check_lookups(grads, variables, is_table, lookups, self._label)
+        by_index = self._table_filters(lookups, variables, is_table)
         stddev = self.sigma2 * self.l2_norm_clip
         out: list[Gradient] = []
         count = tf.constant(0, tf.int64)

@@ -40,9 +40,7 @@ import dp_accounting
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms import adafest
-from tfdp_sparse.mechanisms.base import Gradient, NoisedGradients
 from tfdp_sparse.mechanisms.dpfest import BucketSelection, UsesSelection, selection_from_config
-from tfdp_sparse.mechanisms.dpsgd import noise_dense
 
 
 def to_domain_positions(ids: tf.Tensor, domain: tf.Tensor) -> tf.Tensor:
@@ -110,14 +108,12 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
             raise TypeError(f"selection must be a BucketSelection, got {type(selection).__name__}")
         self.selection = selection
 
-    def privatize(
-        self,
-        grads: Sequence[Gradient],
-        variables: Sequence[tf.Variable],
-        is_table: Sequence[bool],
-        lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
-    ) -> NoisedGradients:
-        lookups = adafest.check_lookups(grads, variables, is_table, lookups, "DP-AdaFEST+")
+    _label = "DP-AdaFEST+"
+
+    def _table_filters(
+        self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable], is_table: Sequence[bool]
+    ) -> dict:
+        """AdaFEST's filter run inside each table's preselected (kept) rows."""
         kept = self.selection.kept_sets(variables, is_table)
         tables = [i for i, t in enumerate(is_table) if t]
         filters = filter_in_domains(
@@ -128,21 +124,7 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
             C1=self.C1,
             rng=self.rng,
         )
-        by_index = dict(zip(tables, filters))
-        stddev = self.sigma2 * self.l2_norm_clip
-        out: list[Gradient] = []
-        count = tf.constant(0, tf.int64)
-        for i, (grad, var) in enumerate(zip(grads, variables)):
-            if i not in by_index:
-                out.append(noise_dense(self, grad, var, stddev))
-                continue
-            result = by_index[i]
-            noised, values = adafest.sparse_noised_gradient(
-                self, grad, var, result.kept_true, result.false_positives, stddev
-            )
-            out.append(noised)
-            count += values
-        return NoisedGradients(out, count)
+        return dict(zip(tables, filters))
 
     def setup_event(self) -> Optional[dp_accounting.DpEvent]:
         """The preselection's one-off cost (RDP accountant only when private)."""

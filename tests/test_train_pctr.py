@@ -66,8 +66,9 @@ def model_weights(model_dir: str) -> dict:
 def full_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("full")
     model_dir, export_dir = str(root / "ckpt"), str(root / "export")
+    # Reproducible noise (noise_seed): the resume test below compares weights bit for bit.
     metrics = tp.train_and_evaluate(make_run(steps=20, model_dir=model_dir, export_dir=export_dir,
-                                             dense_optimizer="adam"))
+                                             dense_optimizer="adam", noise_seed=7))
     return metrics, model_dir, export_dir
 
 
@@ -76,8 +77,8 @@ def test_metrics_line_has_required_fields(full_run):
     for key in ("algorithm", "auc", "epsilon", "delta", "noise_multiplier", "steps", "examples_per_sec"):
         assert key in metrics, key
     assert metrics["algorithm"] == "dpsgd" and metrics["steps"] == 20
-    assert metrics["delta"] == 1.0 / N
-    expected = accounting.compute_epsilon(1.0, B, N, 20, 1.0 / N)
+    assert metrics["delta"] == accounting.default_delta(N) < 1.0 / N
+    expected = accounting.compute_epsilon(1.0, B, N, 20, accounting.default_delta(N))
     assert metrics["epsilon"] == pytest.approx(expected, abs=1e-4)
     assert metrics["examples_per_sec"] > 0 and 0 <= metrics["auc"] <= 1
 
@@ -104,9 +105,9 @@ def test_saved_model_takes_raw_features_and_matches_keras(full_run):
 def test_resume_continues_steps_epsilon_and_weights_exactly(full_run, tmp_path):
     full, full_dir, _ = full_run
     model_dir = str(tmp_path / "ckpt")
-    first = tp.train_and_evaluate(make_run(steps=10, model_dir=model_dir, dense_optimizer="adam"))
+    first = tp.train_and_evaluate(make_run(steps=10, model_dir=model_dir, dense_optimizer="adam", noise_seed=7))
     assert first["steps"] == 10
-    second = tp.train_and_evaluate(make_run(steps=20, model_dir=model_dir, dense_optimizer="adam"))
+    second = tp.train_and_evaluate(make_run(steps=20, model_dir=model_dir, dense_optimizer="adam", noise_seed=7))
     assert second["steps"] == 20 and second["resumed_from_step"] == 10
     ledger = accounting.PrivacyLedger.from_json(
         tf.train.load_checkpoint(model_dir).get_tensor("ledger/.ATTRIBUTES/VARIABLE_VALUE").decode()
@@ -118,7 +119,7 @@ def test_resume_continues_steps_epsilon_and_weights_exactly(full_run, tmp_path):
     for key in resumed:
         np.testing.assert_array_equal(resumed[key], uninterrupted[key], err_msg=key)
     assert second["auc"] == full["auc"]
-    again = tp.train_and_evaluate(make_run(steps=20, model_dir=model_dir, dense_optimizer="adam"))
+    again = tp.train_and_evaluate(make_run(steps=20, model_dir=model_dir, dense_optimizer="adam", noise_seed=7))
     assert again["steps"] == 20 and again["epsilon"] == full["epsilon"] and again["auc"] == full["auc"]
     assert again["stop_reason"] == f"the checkpoint in {model_dir} already has 20 >= 20 steps"
     assert again["examples_per_sec"] is None and again["gradient_size"] is None  # nothing ran
@@ -147,7 +148,7 @@ def test_budget_stop_before_exceeding_target(caplog):
     assert 0 < steps < 20
     assert metrics["noise_multiplier"] == 1.0  # kept, not calibrated
     assert metrics["epsilon"] <= target
-    assert accounting.compute_epsilon(1.0, B, N, steps + 1, 1.0 / N, "rdp") > target  # one more would exceed
+    assert accounting.compute_epsilon(1.0, B, N, steps + 1, accounting.default_delta(N), "rdp") > target  # one more would exceed
     reason = metrics["stop_reason"]
     assert reason.startswith(f"privacy budget: stopped at step {steps} of 20 because one more step would exceed "
                              f"target_epsilon=2.5")
@@ -292,7 +293,7 @@ def test_criteo_tsv_counts_and_reports_malformed_lines(tmp_path, caplog):
     assert metrics["data"] == str(path)
     assert metrics["lines"] == 302 and metrics["malformed"] == 2
     assert metrics["malformed_by_kind"] == {"dense": 1, "field_count": 1}
-    assert metrics["steps"] == 5 and metrics["delta"] == 1.0 / 240  # 300 parsed, 80% for training
+    assert metrics["steps"] == 5 and metrics["delta"] == accounting.default_delta(240)  # 300 parsed, 80% for training
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("skipped 2 malformed lines of 302" in w and ":11: wrong field count" in w for w in warnings)
     strict = dataclasses.replace(data, max_malformed_fraction=0.001)
@@ -338,13 +339,13 @@ def test_dpfest_private_selection_is_made_and_charged():
     metrics = tp.train_and_evaluate(make_run(privacy=privacy, steps=5))
     sizes = synthetic.SyntheticCriteoConfig(num_examples=N, vocab_scale=0.01).table_sizes
     assert metrics["k"] == [min(5, v) for v in sizes]  # one k for all features, capped per table
-    without_selection = accounting.compute_epsilon(1.0, B, N, 5, 1.0 / N, accountant="rdp")
+    without_selection = accounting.compute_epsilon(1.0, B, N, 5, accounting.default_delta(N), accountant="rdp")
     assert metrics["epsilon"] > without_selection
     rho = sum(min(5, v) for v in sizes) * 0.5**2 / 8
     ledger = accounting.PrivacyLedger()
     ledger.record(accounting.dp_accounting.GaussianDpEvent(1 / math.sqrt(2 * rho)))
     ledger.record(accounting.dpsgd_event(1.0, B / N, 5))
-    assert metrics["epsilon"] == pytest.approx(ledger.epsilon(1.0 / N, "rdp"), abs=1e-4)  # (rounded to 4 digits)
+    assert metrics["epsilon"] == pytest.approx(ledger.epsilon(accounting.default_delta(N), "rdp"), abs=1e-4)  # (rounded to 4 digits)
     assert metrics["gradient_size"] == sum(min(5, v) * pctr.embedding_dim(v) for v in sizes)
 
 

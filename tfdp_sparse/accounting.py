@@ -142,6 +142,36 @@ def validate_delta(delta: float) -> float:
     return float(delta)
 
 
+def default_delta(num_examples: int) -> float:
+    """δ used when none is given: ``min(1/(10 N), N^-1.1)``.
+
+    At δ = 1/N, a mechanism that publishes one record at random satisfies
+    (0, δ)-DP, so δ must be well below 1/N (DESIGN §4; Dwork & Roth 2014,
+    §2.3).
+
+    >>> default_delta(100_000)
+    1e-06
+    >>> round(default_delta(10**12) * 10**13, 3)   # N^-1.1 takes over for N > 1e10
+    0.631
+    """
+    n = _validate_int("num_examples", num_examples, 1)
+    return min(1.0 / (10.0 * n), float(n) ** -1.1)
+
+
+def delta_warning(delta: float, num_examples: int) -> Optional[str]:
+    """A warning when ``delta`` exceeds ``1/N`` (where it no longer protects anyone), else ``None``.
+
+    >>> delta_warning(1e-3, 10_000) is not None, delta_warning(1e-6, 10_000)
+    (True, None)
+    """
+    if delta > 1.0 / num_examples:
+        return (
+            f"delta={delta:.3g} exceeds 1/N={1.0 / num_examples:.3g}: at that delta, publishing one "
+            f"training record at random qualifies as private; use delta <= {default_delta(num_examples):.3g}"
+        )
+    return None
+
+
 def validate_noise_multiplier(noise_multiplier: float) -> float:
     """Returns σ as a float if it is finite and >= 0, else raises ValueError.
 

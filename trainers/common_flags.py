@@ -43,6 +43,10 @@ def define_privacy_flags(flag_values: flags.FlagValues) -> None:
     flags.DEFINE_enum("accountant", "pld", ["pld", "rdp"], "privacy accountant", **fv)
     flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"],
                       "batch sampling (poisson is what the accounting assumes)", **fv)
+    flags.DEFINE_integer(
+        "noise_seed", None,
+        "NOT PRIVATE, for tests and debugging only: make the noise and the batches a function of this seed "
+        "(the JSON line then says \"private\": false). Default: OS entropy", **fv)
     # Algorithm knobs (see tfdp_sparse/mechanisms/<algorithm>.py).
     flags.DEFINE_string("k", None, "DP-FEST/AdaFEST+: rows kept per table (int, or comma list per table)", **fv)
     flags.DEFINE_string("frequency_file", None, "DP-FEST/AdaFEST+: public bucket counts CSV (feature,bucket,count)",
@@ -86,7 +90,8 @@ def parse_k(text: str):
 def privacy_from_flags(fv: flags.FlagValues) -> PrivacyConfig:
     """The validated :class:`PrivacyConfig` of the parsed flags (``noise_multiplier`` 1.0 until calibrated)."""
     sigma = fv.noise_multiplier
-    if sigma is None and fv.target_epsilon is None and fv.algorithm != "sgd":
+    sigmas_fixed = fv.sigma1 is not None and fv.sigma2 is not None  # DP-AdaFEST: noise fully given
+    if sigma is None and fv.target_epsilon is None and fv.algorithm != "sgd" and not sigmas_fixed:
         raise app.UsageError(f"--algorithm={fv.algorithm} needs --noise_multiplier or --target_epsilon")
     extra = tuple(
         (k, parse_k(getattr(fv, k)) if k == "k" else getattr(fv, k)) for k in KNOBS if getattr(fv, k) is not None

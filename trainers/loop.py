@@ -10,14 +10,24 @@ progress, and keeps checkpoints (model, optimizer, mechanism state including
 its random generator, the ledger, and the privacy settings) so a resumed run
 continues its step count and ε.
 
-Resumes are exact: the batch of step ``t`` is a pure function of
-``(seed, t)`` (:func:`batch_indices`) and every piece of state a step reads
-(weights, both optimizers' slots and iteration counters, the mechanism's
-generator and variables, the ledger) is in the checkpoint, so ``10 + 10``
-steps give the same weights and ε as ``20`` uninterrupted steps. (LazyDP
-flushes its pending noise before each checkpoint, so its resumed run has the
-same distribution but other noise draws.) A resumed run must repeat the
-privacy settings of the checkpoint; a calibrated σ is taken from it.
+Private by default: the noise and the Poisson batch membership come from
+:class:`tfdp_sparse.noise_source.NoiseSource` (OS entropy), never from
+``LoopConfig.seed``, which fixes only what is public (initialisation, the
+data the trainers generate, evaluation sampling). ``LoopConfig.noise_seed``
+makes noise and batches reproducible for tests and debugging; such a run is
+labelled ``private=False`` with the reason, in the result and the log.
+
+Resumes continue the step count and ε. With ``noise_seed`` they are exact:
+the batch of step ``t`` is a pure function of ``(noise_seed, t)``
+(:class:`BatchSampler`) and every piece of state a step reads (weights, both
+optimizers' slots and iteration counters, the mechanism's generator and
+variables, the ledger) is in the checkpoint, so ``10 + 10`` steps give the
+same weights and ε as ``20`` uninterrupted steps. (LazyDP flushes its
+pending noise before each checkpoint, so its resumed run has the same
+distribution but other noise draws.) A resumed run must repeat the privacy
+settings of the checkpoint; a calibrated σ is taken from it. The checkpoint
+holds the generator's state, the key to every past draw: checkpoints are
+secret (an exported SavedModel holds neither generator nor LazyDP history).
 
 Budget (DESIGN §4). With ``privacy.target_epsilon``:
 
@@ -51,6 +61,7 @@ from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.noise_source import NoiseSource
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -66,6 +77,11 @@ class LoopConfig:
     they are also what a user tunes for speed, and the ledger records them.)
 
     Attributes:
+      seed: initialisation and data order of everything public; never the
+        noise or the batch membership.
+      noise_seed: ``None`` (default): noise and Poisson batches from OS
+        entropy. An integer makes them reproducible (tests, debugging); the
+        run is then not private and says so.
       calibrate_noise: with ``target_epsilon``, choose σ so that ``steps``
         fit the budget (True) or keep the given σ and stop when the budget
         is spent (False).
@@ -82,6 +98,24 @@ class LoopConfig:
     dense_optimizer: str = "sgd"
     dense_learning_rate: Optional[float] = None
     calibrate_noise: bool = True
+    noise_seed: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PreTrainingRelease:
+    """A data-dependent release made before training (e.g. a DP vocabulary), charged to the run.
+
+    Attributes:
+      name: what was released, for logs and the metrics line.
+      event: its ``DpEvent``, composed into the run's ledger before the steps.
+      extra_delta: a δ the event does not express (e.g. the thresholding
+        failure probability of partition selection); the run's ε is computed
+        at ``delta - sum(extra_delta)``, so the total stays ``delta``.
+    """
+
+    name: str
+    event: dp_accounting.DpEvent
+    extra_delta: float = 0.0
 
 
 @dataclasses.dataclass
@@ -103,6 +137,14 @@ class TrainResult:
     ledger: accounting.PrivacyLedger
     privacy: PrivacyConfig
     resumed_from_step: int = 0
+    #: True only when ε is a proven guarantee of this run: secret noise, a DP
+    #: mechanism, Poisson sampling. Otherwise ``not_private_reasons`` says why.
+    private: bool = False
+    not_private_reasons: tuple = ()
+    noise_source: NoiseSource = NoiseSource()
+    pre_training: tuple = ()
+    delta_warning: Optional[str] = None
+    sampling_probability: float = 0.0
 
 
 def _validate(arrays: Mapping[str, np.ndarray], loop: LoopConfig) -> int:
@@ -143,20 +185,36 @@ def make_dense_optimizer(name: str, learning_rate: Optional[float]) -> Optional[
     return tf.keras.optimizers.Adagrad(learning_rate)
 
 
-def batch_indices(sampling: str, num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
-    """Indices of the batch of ``step`` (a pure function of seed and step, so resumes are exact).
+class BatchSampler:
+    """Batch indices of each step, drawn from the run's :class:`NoiseSource`.
 
-    ``poisson``: each example independently with probability ``B / N``.
-    ``shuffle``: consecutive slices of a per-epoch permutation.
+    ``poisson``: each example independently with probability ``B / N``
+    (Binomial size, then distinct uniform positions). ``shuffle``:
+    consecutive slices of a per-epoch permutation (the labelled
+    approximation). Batch membership is as secret as the noise: with a
+    secure source two samplers never agree; with ``noise_seed`` the batch of
+    a step is a pure function of ``(noise_seed, step)``, so resumes are exact.
+
+    Example::
+
+        sampler = BatchSampler("poisson", 60_000, 256, NoiseSource.secure())
+        idx = sampler.indices(step=0)     # about 256 sorted distinct indices
     """
-    if sampling == "poisson":
-        rng = np.random.default_rng([seed, step, 17])
-        k = rng.binomial(num_examples, batch_size / num_examples)
-        return np.sort(rng.choice(num_examples, size=k, replace=False))
-    per_epoch = num_examples // batch_size
-    epoch, slot = divmod(step, per_epoch)
-    perm = np.random.default_rng([seed, epoch, 23]).permutation(num_examples)
-    return perm[slot * batch_size : (slot + 1) * batch_size]
+
+    def __init__(self, sampling: str, num_examples: int, batch_size: int, noise: NoiseSource):
+        self.sampling, self.num_examples, self.batch_size, self.noise = sampling, num_examples, batch_size, noise
+        self._epoch: Optional[tuple[int, np.ndarray]] = None
+
+    def indices(self, step: int) -> np.ndarray:
+        n, b = self.num_examples, self.batch_size
+        if self.sampling == "poisson":
+            rng = self.noise.numpy_generator(step, 17)
+            k = rng.binomial(n, b / n)
+            return np.sort(rng.choice(n, size=k, replace=False))
+        epoch, slot = divmod(step, n // b)
+        if self._epoch is None or self._epoch[0] != epoch:
+            self._epoch = (epoch, self.noise.numpy_generator(epoch, 23).permutation(n))
+        return self._epoch[1][slot * b : (slot + 1) * b]
 
 
 def _step_event(mechanism: Mechanism, q: float):
@@ -261,6 +319,27 @@ def _probe_setup_event(build, privacy: PrivacyConfig, model) -> Optional[dp_acco
         return probe.setup_event()
 
 
+def _accounting_delta(delta: float, pre_training: Sequence[PreTrainingRelease]) -> float:
+    """The δ left for the ledger's ε once the releases' own ``extra_delta`` is paid."""
+    extra = sum(r.extra_delta for r in pre_training)
+    if not 0 <= extra < delta:
+        names = [r.name for r in pre_training]
+        raise ValueError(
+            f"the pre-training releases {names} use delta={extra:.3g}, which leaves nothing of the run's "
+            f"delta={delta:.3g}; raise --delta or lower their delta"
+        )
+    return delta - extra
+
+
+def _compose_setup(events: Sequence[dp_accounting.DpEvent],
+                   setup: Optional[dp_accounting.DpEvent]) -> Optional[dp_accounting.DpEvent]:
+    """One event for everything charged before the first step (``None`` if nothing)."""
+    events = [e for e in [*events, setup] if e is not None]
+    if not events:
+        return None
+    return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
+
+
 def _flush(mechanism: Mechanism) -> None:
     flush = getattr(mechanism, "flush", None)
     if flush is not None:
@@ -318,6 +397,7 @@ def train_privately(
     features: Callable[[Mapping[str, np.ndarray], np.ndarray], tuple] = None,
     mechanism_factory: Callable[[PrivacyConfig], Mechanism] = None,
     selection_counts: Optional[Callable[[], Sequence[np.ndarray]]] = None,
+    pre_training: Sequence[PreTrainingRelease] = (),
 ) -> TrainResult:
     """Trains ``model`` on ``arrays`` with the mechanism named in ``privacy``.
 
@@ -327,15 +407,19 @@ def train_privately(
       arrays: training arrays (all the same length); by default the
         features are every array but ``"label"`` and the labels are
         ``arrays["label"]``.
-      privacy: privacy settings (``delta=None`` means ``1/N``).
+      privacy: privacy settings (``delta=None`` means
+        :func:`tfdp_sparse.accounting.default_delta`, ``min(1/(10N), N^-1.1)``).
       loop: run settings.
       features: optional ``(arrays, indices) -> (features, labels)``.
       mechanism_factory: builds the mechanism from a config (default
-        :func:`tfdp_sparse.mechanisms.build` with ``loop.seed``).
+        :func:`tfdp_sparse.mechanisms.build` with ``loop.noise_seed``).
       selection_counts: ``() -> counts per table`` of the training data
         (one dense array per embedding table, each example adding 1 to one
         bucket per feature); needed by mechanisms with a private selection
         (DP-FEST / DP-AdaFEST+ with ``selection_epsilon``).
+      pre_training: data-dependent releases made before training (a DP
+        vocabulary): recorded first in the ledger, included in σ
+        calibration, their ``extra_delta`` taken from the run's δ.
 
     Raises:
       ValueError: bad settings, a ``model_dir`` holding a run with other
@@ -343,10 +427,18 @@ def train_privately(
     """
     n = _validate(arrays, loop)
     privacy.validate()
-    delta = privacy.delta if privacy.delta is not None else 1.0 / n
+    delta = privacy.delta if privacy.delta is not None else accounting.default_delta(n)
     privacy = dataclasses.replace(privacy, delta=delta)
+    delta_warning = accounting.delta_warning(delta, n)
+    if delta_warning:
+        log.warning("%s", delta_warning)
+    total_delta, delta = delta, _accounting_delta(delta, pre_training)
+    noise = NoiseSource(loop.noise_seed)
+    if not noise.is_secure:
+        log.warning("NOT PRIVATE: %s (LoopConfig.noise_seed / --noise_seed is for tests and debugging)",
+                    noise.not_private_reason)
     q = loop.batch_size / n
-    build = mechanism_factory or (lambda cfg: mechanisms.build(cfg, seed=loop.seed))
+    build = mechanism_factory or (lambda cfg: mechanisms.build(cfg, seed=loop.noise_seed))
     if features is None:
         keys = [k for k in arrays if k not in ("label", "prob")]
 
@@ -379,7 +471,7 @@ def train_privately(
                          f"{not_private or 'non-private training'}")
     check_accountant(probe, privacy.accountant)
     if calibrating and not latest:
-        setup = _probe_setup_event(build, privacy, model)
+        setup = _compose_setup([r.event for r in pre_training], _probe_setup_event(build, privacy, model))
         privacy = calibrate(privacy, build, q, loop.steps, delta, setup)
         log.info("calibrated noise_multiplier=%.4f for epsilon=%s at delta=%.3g over %d steps",
                  privacy.noise_multiplier, privacy.target_epsilon, delta, loop.steps)
@@ -428,6 +520,9 @@ def train_privately(
             mechanism.select(selection_counts())
             log.info("private selection done: %s", mechanism.describe())
         ledger = accounting.PrivacyLedger()
+        for release in pre_training:
+            ledger.record(release.event)
+            log.info("charged pre-training release %r to the ledger: %s", release.name, release.event)
         setup = mechanism.setup_event()
         if setup is not None:
             ledger.record(setup)
@@ -469,12 +564,13 @@ def train_privately(
         ledger_var.assign(ledger.to_json())
         manager.save(checkpoint_number=ledger.steps)
 
+    sampler = BatchSampler(privacy.sampling, n, loop.batch_size, noise)
     compiled = None
     step_times, values = [], []
     examples, steady_examples, steady_time = 0, 0, 0.0
     t_start = time.perf_counter()
     for step in range(start, planned):
-        idx = batch_indices(privacy.sampling, n, loop.batch_size, loop.seed, step)
+        idx = sampler.indices(step)
         x, y = features(arrays, idx)
         if compiled is None:
             # One trace with a free batch dimension instead of one per batch size.
@@ -519,13 +615,18 @@ def train_privately(
     else:
         rate = examples / elapsed if elapsed > 0 else 0.0
     timed = step_times[1:] if len(step_times) > 1 else step_times
+    reasons = tuple(r for r in (
+        noise.not_private_reason, note,
+        "fixed-size shuffled batches: epsilon assumes Poisson sampling" if privacy.sampling == "shuffle" else None,
+    ) if r)
+    log.info("private=%s%s", not reasons, "" if not reasons else " (" + "; ".join(reasons) + ")")
     return TrainResult(
         steps=ledger.steps,
         planned_steps=loop.steps,
         stop_reason=stop_reason,
         epsilon=epsilon,
         epsilon_note=note,
-        delta=delta,
+        delta=total_delta,
         noise_multiplier=privacy.noise_multiplier if privacy.algorithm != "sgd" else 0.0,
         examples_per_sec=rate,
         step_ms=1000 * float(np.median(timed)) if timed else 0.0,
@@ -535,4 +636,10 @@ def train_privately(
         ledger=ledger,
         privacy=privacy,
         resumed_from_step=start,
+        private=not reasons,
+        not_private_reasons=reasons,
+        noise_source=noise,
+        pre_training=tuple(pre_training),
+        delta_warning=delta_warning,
+        sampling_probability=q,
     )

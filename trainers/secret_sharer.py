@@ -127,7 +127,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_float("C1", 1.0, "DP-AdaFEST: contribution-vector clip norm", **fv)
     flags.DEFINE_string("frequency_file", None, "DP-FEST/AdaFEST+: public prior (if those are requested)", **fv)
     flags.DEFINE_string("k", None, "DP-FEST/AdaFEST+: rows kept per table", **fv)
-    flags.DEFINE_integer("seed", 0, "seed of data, canaries, initialisation and noise", **fv)
+    flags.DEFINE_integer("seed", 0, "seed of data, canaries and initialisation (never of the noise or the batches)", **fv)
     flags.DEFINE_integer("log_every", 500, "steps between progress lines", **fv)
 
 

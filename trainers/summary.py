@@ -13,7 +13,9 @@ import logging
 import math
 import os
 import sys
-from typing import Optional
+from typing import Optional, Sequence
+
+import dp_accounting
 
 from trainers.loop import TrainResult
 
@@ -35,20 +37,71 @@ def _round(x: Optional[float], digits: int = 4):
     return round(float(x), digits)
 
 
+def step_noise_multiplier(event: Optional[dp_accounting.DpEvent]) -> Optional[float]:
+    """The σ the accounting charges per step: the Gaussian inside ``event`` (``None`` if none).
+
+    For DP-AdaFEST this is the effective σ = (σ1⁻² + σ2⁻²)^-½, whatever
+    knobs fixed σ1 and σ2.
+
+    >>> step_noise_multiplier(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.5)))
+    1.5
+    """
+    while isinstance(event, (dp_accounting.PoissonSampledDpEvent, dp_accounting.SelfComposedDpEvent)):
+        event = event.event
+    if isinstance(event, dp_accounting.GaussianDpEvent):
+        return float(event.noise_multiplier)
+    return None
+
+
+def _noise_multiplier(result: TrainResult) -> Optional[float]:
+    """σ charged per step; for a mechanism without an event (EANA) the σ it draws with."""
+    if result.privacy.algorithm == "sgd":
+        return None
+    sigma = step_noise_multiplier(result.mechanism.step_event(result.sampling_probability))
+    return sigma if sigma is not None else result.mechanism.describe().get("noise_multiplier")
+
+
+def privacy_fields(result: TrainResult, outside_guarantee: Sequence[str] = ()) -> dict:
+    """What the guarantee is, and what it is not: the privacy part of every metrics line.
+
+    ``private`` is true only when ``epsilon`` is a proven guarantee of this
+    run (secret noise, a DP mechanism, Poisson sampling); ``outside_guarantee``
+    names every data-dependent choice that ε does not cover.
+    """
+    fields = {
+        "private": result.private,
+        "privacy_unit": "example",
+        **result.noise_source.describe(),
+    }
+    if result.not_private_reasons:
+        fields["not_private_reasons"] = list(result.not_private_reasons)
+    if result.delta_warning:
+        fields["delta_warning"] = result.delta_warning
+    if result.pre_training:
+        fields["pre_training_releases"] = [r.name for r in result.pre_training]
+    fields["outside_guarantee"] = list(outside_guarantee)
+    return fields
+
+
 def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_values: int, extra: Optional[dict] = None) -> dict:
     """The summary of a run; ``epsilon`` is ``None`` with a note when not available.
 
     ``examples_per_sec`` and ``step_ms`` are steady-state figures: the first
     step of a run (which traces the graph) is left out when there are more.
+    ``noise_multiplier`` is the σ the accounting charges per step (DP-AdaFEST:
+    the effective σ); the mechanism's own settings follow under their names.
+    ``extra["outside_guarantee"]`` (a list) is merged into the privacy fields.
     """
     privacy = result.privacy
+    extra = dict(extra or {})
+    outside = extra.pop("outside_guarantee", [])
     trained = result.steps > result.resumed_from_step  # False: nothing ran (e.g. budget already spent)
     line = {
         "algorithm": privacy.algorithm,
         "auc": _round(auc),
         "epsilon": _round(result.epsilon),
         "delta": result.delta,
-        "noise_multiplier": _round(result.noise_multiplier),
+        "noise_multiplier": _round(_noise_multiplier(result)),
         "l2_norm_clip": privacy.l2_norm_clip if privacy.algorithm != "sgd" else None,
         "accountant": privacy.accountant,
         "sampling": privacy.sampling,
@@ -70,8 +123,11 @@ def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_valu
         line["epsilon_note"] = SHUFFLE_NOTE
     for name, value in privacy.extra:
         line[name] = list(value) if isinstance(value, tuple) else value
-    if extra:
-        line.update(extra)
+    for name, value in result.mechanism.describe().items():
+        if name not in line and isinstance(value, (int, float, str, bool)) and value is not None:
+            line[name] = _round(value, 6) if isinstance(value, float) else value
+    line.update(privacy_fields(result, outside))
+    line.update(extra)
     return line
 
 

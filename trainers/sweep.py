@@ -277,9 +277,10 @@ def write_frequency_file(path: str, cat: np.ndarray, vocab_sizes: Sequence[int])
 
 def prepare_data(config: SweepConfig) -> SweepData:
     """Training/evaluation data (the trainer's loader), the public prior and the dense standardisation."""
-    train, evaluation, vocab_sizes, info = train_pctr.load_data(train_pctr.DataConfig(
+    data = train_pctr.load_data(train_pctr.DataConfig(
         num_examples=config.num_examples, num_eval_examples=config.num_eval_examples,
         vocab_scale=config.vocab_scale, seed=config.data_seed))
+    train, evaluation, vocab_sizes, info = data.train, data.evaluation, data.vocab_sizes, data.info
     syn = synthetic.SyntheticCriteoConfig(num_examples=config.public_examples, vocab_scale=config.vocab_scale,
                                           seed=config.data_seed)
     public = synthetic.generate(syn, sample_seed=PUBLIC_SAMPLE_SEED)
@@ -320,7 +321,7 @@ class SigmaCache:
         self.calibrations = 0
 
     def sigma(self, privacy: PrivacyConfig, q: float, steps: int, delta: float, seed: int) -> float:
-        build = lambda cfg: mechanisms.build(cfg, seed=seed)  # noqa: E731
+        build = mechanisms.build  # throw-away probes: noise from the secure default
         probes = [build(dataclasses.replace(privacy, noise_multiplier=s)) for s in (1.0, 2.0)]
         setup = probes[0].setup_event()
         key = (tuple(_event_key(p.step_event(q)) for p in probes), _event_key(setup), steps, delta,
@@ -353,7 +354,7 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
     t_start = time.perf_counter()
     seed = config.seeds[0] if seed is None else seed
     n = len(data.train["label"])
-    delta = config.delta if config.delta is not None else 1.0 / n
+    delta = config.delta if config.delta is not None else accounting.default_delta(n)
     q = config.batch_size / n
     private = spec.algorithm != "sgd"
     knobs = dict(spec.knobs)
@@ -478,7 +479,7 @@ def settings_of(config: SweepConfig, data: Optional[SweepData] = None) -> dict:
     if data is not None:
         n = len(data.train["label"])
         out.update(
-            delta_used=config.delta if config.delta is not None else 1.0 / n,
+            delta_used=config.delta if config.delta is not None else accounting.default_delta(n),
             sampling_probability=config.batch_size / n,
             epochs=round(config.batch_size * config.steps / n, 3),
             table_rows=int(sum(data.vocab_sizes)),

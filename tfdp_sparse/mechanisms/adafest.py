@@ -396,6 +396,12 @@ def noise_settings_from_config(config) -> dict:
     else:
         if sigma1 is None:
             raise ValueError("knob sigma1 (noise multiplier of the contribution map) or sigma_ratio must be set for DP-AdaFEST")
+        if sigma2 is not None and config.target_epsilon is not None:
+            raise ValueError(
+                f"sigma1={sigma1} and sigma2={sigma2} fix DP-AdaFEST's noise (effective sigma "
+                f"{effective_noise_multiplier(sigma1, sigma2):.4g}), so target_epsilon={config.target_epsilon} "
+                "cannot calibrate it: give sigma_ratio (then the effective sigma is calibrated) or only sigma1"
+            )
         sigma2 = config.noise_multiplier if sigma2 is None else sigma2
     return {"sigma1": sigma1, "sigma2": sigma2, "C1": config.knob("C1", 1.0), "tau": tau}
 

@@ -12,7 +12,10 @@ into ε.
 Rules every implementation follows:
 
 * Noise is drawn from the mechanism's own ``tf.random.Generator`` (a
-  checkpointed variable), so a restored run continues its random stream.
+  checkpointed variable, so checkpoints are secret), seeded by
+  :class:`tfdp_sparse.noise_source.NoiseSource`: OS entropy unless the
+  caller asks for reproducible noise with ``seed=`` (tests, debugging),
+  which :attr:`Mechanism.noise_source` then reports as not private.
 * ``step_event`` returns the event of *one* training step for a Poisson
   sampling rate ``q``; a mechanism that is not differentially private in the
   usual sense returns ``None`` and explains why in ``not_private_reason``
@@ -43,6 +46,8 @@ from typing import Optional, Sequence, Union
 
 import dp_accounting
 import tensorflow as tf
+
+from tfdp_sparse.noise_source import NoiseSource
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
 
@@ -118,7 +123,9 @@ class Mechanism(tf.Module, abc.ABC):
     Args:
       l2_norm_clip: per-example clipping bound ``C`` (``None``: no clipping,
         only for non-private training).
-      seed: seed of the noise generator (``None``: non-deterministic).
+      seed: ``None`` (default): noise seeded from OS entropy, the only
+        private choice. An integer: reproducible noise for tests and
+        debugging (the run is then labelled not private).
     """
 
     #: Name used by flags and the registry, e.g. ``"dpsgd"``.
@@ -129,9 +136,13 @@ class Mechanism(tf.Module, abc.ABC):
     def __init__(self, l2_norm_clip: Optional[float], seed: Optional[int] = None):
         super().__init__(name=f"{self.name or 'mechanism'}_mechanism")
         self._l2_norm_clip = None if l2_norm_clip is None else validate_l2_norm_clip(l2_norm_clip)
-        self.rng = (
-            tf.random.Generator.from_seed(seed) if seed is not None else tf.random.Generator.from_non_deterministic_state()
-        )
+        self._noise_source = NoiseSource(seed)
+        self.rng = self._noise_source.tf_generator()
+
+    @property
+    def noise_source(self) -> NoiseSource:
+        """Where this mechanism's noise comes from (secure unless built with ``seed=``)."""
+        return self._noise_source
 
     @property
     def l2_norm_clip(self) -> Optional[float]:

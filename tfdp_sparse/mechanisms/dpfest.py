@@ -94,6 +94,7 @@ from tfdp_sparse.mechanisms.base import (
 )
 from tfdp_sparse.mechanisms.dpsgd import gaussian_step_event, noise_dense
 from tfdp_sparse.selection import frequency, gumbel
+from tfdp_sparse.noise_source import NoiseSource
 
 KSpec = Union[int, Sequence[int], Mapping]
 
@@ -153,7 +154,8 @@ class BucketSelection(tf.Module):
         from ``bind_model`` or the variables).
       accountant: the run's accountant (``"pld"`` / ``"rdp"``); ``"pld"`` with
         private selection raises ``ValueError`` (see module docstring).
-      seed: seed of the Gumbel noise (numpy); ``None``: non-deterministic.
+      seed: ``None``: Gumbel noise from OS entropy (private); an integer:
+        reproducible noise (tests, debugging; not private).
     """
 
     def __init__(
@@ -233,7 +235,7 @@ class BucketSelection(tf.Module):
                     raise ValueError(f"vocab_sizes[{f}]={size!r} must be an integer >= 1")
             self._plain.vocab_sizes = [int(s) for s in sizes]
         self._binding = _Binding()
-        self._plain.np_rng = np.random.default_rng(None if seed is None else [int(seed), 0x5E1EC7])
+        self._plain.np_rng = NoiseSource(seed).numpy_generator(0x5E1EC7)
         self._selected = tf.Variable(False, trainable=False, name="selected")
         self._kept: list = []
         if self._plain.vocab_sizes is not None and kept_ids is None:

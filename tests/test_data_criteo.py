@@ -273,3 +273,41 @@ def test_validate_features():
         criteo.validate_features(cat, dense[:1], [2, 4, 7])
     with pytest.raises(ValueError, match=r"vocab_sizes\[1\]"):
         criteo.validate_features(cat, dense, [2, 0, 7])
+
+
+# ----------------------------------------------------------------------------
+# Raw values and public (hash) vocabularies.
+
+
+def test_read_raw_values(good_file):
+    from tfdp_sparse.data.vocabulary import MISSING
+
+    arrays, report = criteo.read_criteo_raw(good_file)
+    assert set(arrays) == {"cat_raw", "dense", "label"} and arrays["cat_raw"].dtype == np.int64
+    np.testing.assert_array_equal(arrays["cat_raw"][:, 0], [0xC, 0xA, 0xB, 0xC, 0xB, 0xA, 0xC, 0xFF])
+    np.testing.assert_array_equal(arrays["cat_raw"][:, 1], [0xDEADBEEF, 0xDEADBEEF] + [MISSING, MISSING, 1]
+                                  + [MISSING] * 3)
+    assert (arrays["cat_raw"][:, 2:25] == MISSING).all()
+    assert report.parsed == 8
+
+
+def test_hash_vocabulary_ids_are_public_and_pinned(tmp_path, good_file):
+    from tfdp_sparse.data.vocabulary import HashVocabulary, hash_id
+
+    vocab = HashVocabulary(1000)
+    arrays, _ = criteo.read_criteo_tsv(good_file, vocab)
+    expected = [hash_id(0, s, 1000) for s in ["0000000c", "0000000a", "0000000b", "0000000c", "0000000b",
+                                               "0000000a", "0000000c", "000000ff"]]
+    np.testing.assert_array_equal(arrays["cat"][:, 0], expected)
+    assert arrays["cat"][0, 1] == arrays["cat"][1, 1] == hash_id(1, "deadbeef", 1000) and arrays["cat"][2, 1] == 0
+    # Not a function of the data: a file with other strings maps the shared ones identically,
+    # including strings seen once; a string never seen in training still gets a bucket.
+    other = write(tmp_path / "other.txt", [make_line("0", None, cats_with(c0="000000ff", c3="abcdef01"))])
+    arrays2, _ = criteo.read_criteo_tsv(other, vocab)
+    assert arrays2["cat"][0, 0] == arrays["cat"][7, 0] == hash_id(0, "000000ff", 1000)
+    assert arrays2["cat"][0, 3] == hash_id(3, "abcdef01", 1000) != 0
+    assert criteo.vocab_sizes(vocab) == (1000,) * 26
+    assert criteo.vocab_sizes(HashVocabulary())[:3] == (1472, 577, 82741)  # the paper's sizes by default
+    criteo.validate_features(arrays["cat"], arrays["dense"], criteo.vocab_sizes(vocab))
+    ds, _ = criteo.criteo_dataset(good_file, vocab, batch_size=3)
+    np.testing.assert_array_equal(np.concatenate([x["cat"].numpy() for x, _ in ds]), arrays["cat"])

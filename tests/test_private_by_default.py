@@ -12,6 +12,7 @@ fixed σ1 and σ2 refuse ``--target_epsilon``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import numpy as np
@@ -139,8 +140,20 @@ def _run(tmp_path, name, *extra):
     return metrics, weights
 
 
-def test_same_command_twice_gives_other_noise_and_other_batches(tmp_path, monkeypatch):
-    batches = []
+class _Recorder(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def four_runs(tmp_path_factory):
+    """The same command twice (secure), and twice with ``--noise_seed=11`` (the second at a large δ)."""
+    root = tmp_path_factory.mktemp("runs")
+    batches: list[np.ndarray] = []
     original = loop_lib.BatchSampler.indices
 
     def record(self, step):
@@ -148,31 +161,44 @@ def test_same_command_twice_gives_other_noise_and_other_batches(tmp_path, monkey
         batches.append(out.copy())
         return out
 
-    monkeypatch.setattr(loop_lib.BatchSampler, "indices", record)
-    first, w1 = _run(tmp_path, "a")
-    second, w2 = _run(tmp_path, "b")
+    loop_lib.BatchSampler.indices = record
+    try:
+        secure = [_run(root, "a"), _run(root, "b")]
+    finally:
+        loop_lib.BatchSampler.indices = original
+    recorder = _Recorder()
+    logging.getLogger("tfdp_sparse.train").addHandler(recorder)
+    try:
+        seeded = [_run(root, "c", "--noise_seed=11"), _run(root, "d", "--noise_seed=11", "--delta=0.01")]
+    finally:
+        logging.getLogger("tfdp_sparse.train").removeHandler(recorder)
+    return secure, batches, seeded, recorder.messages
+
+
+def test_same_command_twice_gives_other_noise_and_other_batches(four_runs):
+    (first, w1), (second, w2) = four_runs[0]
+    batches = four_runs[1]
     assert first["private"] is True and second["private"] is True
     assert first["noise_source"] == "os_entropy" and "not_private_reasons" not in first
     assert first["privacy_unit"] == "example" and first["outside_guarantee"] == []
     assert any(not np.array_equal(w1[k], w2[k]) for k in w1)
+    assert len(batches) == 8
     assert not all(np.array_equal(x, y) for x, y in zip(batches[:4], batches[4:8]))
 
 
-def test_reproducible_run_is_flagged_and_repeats(tmp_path):
-    first, w1 = _run(tmp_path, "a", "--noise_seed=11")
-    second, w2 = _run(tmp_path, "b", "--noise_seed=11")
+def test_reproducible_run_is_flagged_and_repeats(four_runs):
+    (first, w1), (second, w2) = four_runs[2]
     assert first["private"] is False
     assert first["noise_source"] == "reproducible" and first["noise_seed"] == 11
     assert any("noise_seed=11" in r for r in first["not_private_reasons"])
     assert first["epsilon"] is not None  # what the mechanism would give; "private" says it is not a guarantee
-    for key in w1:
+    for key in w1:  # delta changes epsilon only: the noise and batches repeat
         np.testing.assert_array_equal(w1[key], w2[key], err_msg=key)
 
 
-def test_reproducible_run_says_so_in_the_progress_log(tmp_path, caplog):
-    with caplog.at_level("WARNING", logger="tfdp_sparse.train"):
-        _run(tmp_path, "a", "--noise_seed=2")
-    assert any("NOT PRIVATE" in r.getMessage() and "noise_seed=2" in r.getMessage() for r in caplog.records)
+def test_reproducible_run_says_so_in_the_progress_log(four_runs):
+    messages = four_runs[3]
+    assert any("NOT PRIVATE" in m and "noise_seed=11" in m for m in messages)
 
 
 def test_shuffle_sampling_is_not_labelled_private(tmp_path):
@@ -225,11 +251,10 @@ def test_default_delta_is_well_below_one_over_n():
     assert accounting.delta_warning(accounting.default_delta(400), 400) is None
 
 
-def test_delta_above_one_over_n_warns_in_the_json_line(tmp_path):
-    metrics, _ = _run(tmp_path, "a", "--delta=0.01")
-    assert "delta_warning" in metrics and "exceeds 1/N" in metrics["delta_warning"]
-    metrics, _ = _run(tmp_path, "b")
-    assert metrics["delta"] == accounting.default_delta(N) and "delta_warning" not in metrics
+def test_delta_above_one_over_n_warns_in_the_json_line(four_runs):
+    (default, _), (large, _) = four_runs[2]
+    assert "delta_warning" in large and "exceeds 1/N" in large["delta_warning"]
+    assert default["delta"] == accounting.default_delta(N) and "delta_warning" not in default
 
 
 def test_adafest_line_shows_sigma1_sigma2_and_the_effective_sigma(tmp_path):

@@ -18,6 +18,12 @@ the run has no guarantee, e.g. EANA or sgd).
 * ``--model_dir`` checkpoints model, optimizers, mechanism state and the
   privacy ledger; rerunning with the same flags resumes (step count and ε
   continue); other privacy settings are refused.
+* Criteo ids: ``--vocab=hash`` (default: a public hash into
+  ``--hash_buckets`` rows, the paper's table sizes), ``--vocab=file
+  --vocab_file=PATH`` (a vocabulary the user asserts is public) or
+  ``--vocab=dp`` (Gaussian thresholding of training counts, charged to ε:
+  ``--vocab_epsilon``, ``--vocab_delta``). The JSON line's
+  ``outside_guarantee`` names every data-dependent choice ε does not cover.
 * ``--export_dir``: SavedModel ``serve(cat=int64 ids [B, 26], dense=raw
   counts float32 [B, 13]) -> {"probability": [B]}``.
 * Bad settings and bad data (ids outside a table, non-finite dense values,
@@ -46,6 +52,9 @@ from models import pctr
 from tfdp_sparse import export as export_lib
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import synthetic
+from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES
+from tfdp_sparse.data.vocabulary import VocabularyKind
+from tfdp_sparse.noise_source import NoiseSource
 from trainers import loop as loop_lib
 from trainers import common_flags
 from trainers import summary
@@ -69,8 +78,21 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_integer("num_eval_examples", 50_000, "synthetic evaluation examples", **fv)
     flags.DEFINE_float("vocab_scale", 1.0, "synthetic: multiply the Kaggle vocabulary sizes (<= 1e7 rows per table)",
                        **fv)
+    flags.DEFINE_enum_class(
+        "vocab", VocabularyKind.HASH, VocabularyKind,
+        "Criteo: how strings become ids. hash: public hash into --hash_buckets (private default); file: "
+        "--vocab_file, asserted public (named in outside_guarantee); dp: Gaussian thresholding of training "
+        "counts, charged to the ledger (--vocab_epsilon, --vocab_delta)", **fv)
+    flags.DEFINE_list("hash_buckets", None, "Criteo --vocab=hash: rows per table, one integer or 26 (default: the "
+                      "paper's Kaggle sizes)", **fv)
+    flags.DEFINE_string("vocab_file", None, "Criteo --vocab=file: a public vocabulary JSON "
+                        "(criteo.save_vocabularies format)", **fv)
+    flags.DEFINE_float("vocab_epsilon", 1.0, "Criteo --vocab=dp: epsilon of the vocabulary release alone", **fv)
+    flags.DEFINE_float("vocab_delta", None, "Criteo --vocab=dp: delta of the vocabulary release alone (default: "
+                       "a tenth of the run's delta); half of it is paid out of the run's delta", **fv)
     flags.DEFINE_list("hidden", ["598", "598", "598", "598"], "widths of the ReLU layers", **fv)
-    flags.DEFINE_integer("seed", 0, "seed of data order, initialisation and noise", **fv)
+    flags.DEFINE_integer("seed", 0, "seed of the synthetic data, initialisation and evaluation sampling (never of "
+                         "the noise or the batches: see --noise_seed)", **fv)
     flags.DEFINE_string("model_dir", None, "checkpoints (model, optimizer, noise state, privacy ledger); resumes "
                         "if present", **fv)
     flags.DEFINE_integer("checkpoint_every", 1000, "steps between checkpoints", **fv)
@@ -87,7 +109,14 @@ log = logging.getLogger("tfdp_sparse.train")
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where the examples come from: ``source="synthetic"`` or a Criteo TSV path."""
+    """Where the examples come from: ``source="synthetic"`` or a Criteo TSV path.
+
+    Criteo only: ``vocab`` picks the value->id map (``tfdp_sparse.data.vocabulary``):
+    ``HASH`` into ``hash_buckets`` rows per table (public, the default),
+    ``FILE`` (``vocab_file``, asserted public) or ``DP`` (Gaussian
+    thresholding of training counts at ``(vocab_epsilon, vocab_delta)``;
+    ``vocab_delta=None`` is a tenth of the run's δ).
+    """
 
     source: str = "synthetic"
     eval_source: Optional[str] = None
@@ -97,6 +126,24 @@ class DataConfig:
     num_eval_examples: int = 50_000
     vocab_scale: float = 1.0
     seed: int = 0
+    vocab: VocabularyKind = VocabularyKind.HASH
+    hash_buckets: tuple = KAGGLE_VOCAB_SIZES
+    vocab_file: Optional[str] = None
+    vocab_epsilon: float = 1.0
+    vocab_delta: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PctrData:
+    """What :func:`load_data` returns: arrays, table sizes, the metrics-line ``info``
+    (with ``outside_guarantee``) and the releases to charge before training
+    (a DP vocabulary)."""
+
+    train: dict
+    evaluation: dict
+    vocab_sizes: tuple
+    info: dict
+    pre_training: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,53 +173,119 @@ def check_features(arrays, vocab_sizes, name: str) -> None:
         raise ValueError(f"{name}: label {labels[bad]!r} at example {bad} is not 0 or 1")
 
 
-def load_data(config: DataConfig):
-    """``(train_arrays, eval_arrays, vocab_sizes, info)`` for synthetic data or a Criteo TSV.
+DP_VOCAB_FILE = "dp_vocabulary.json"  # in --model_dir: a resumed run reuses the released vocabulary
+
+
+def check_vocab_settings(config: DataConfig) -> None:
+    """Cheap checks of the vocabulary settings (before any data is read)."""
+    from tfdp_sparse.data import dp_vocabulary, vocabulary
+
+    if not isinstance(config.vocab, VocabularyKind):
+        raise ValueError(f"vocab must be a VocabularyKind (hash, file or dp), got {config.vocab!r}")
+    if config.source == "synthetic" and (config.vocab is not VocabularyKind.HASH or config.vocab_file
+                                         or tuple(config.hash_buckets) != KAGGLE_VOCAB_SIZES):
+        raise ValueError("vocab, vocab_file and hash_buckets apply to Criteo files; synthetic data has public "
+                         "tables (use --vocab_scale)")
+    if config.vocab is VocabularyKind.FILE and not config.vocab_file:
+        raise ValueError("vocab=file needs vocab_file (a public vocabulary JSON)")
+    if config.vocab_file and config.vocab is not VocabularyKind.FILE:
+        raise ValueError(f"vocab_file={config.vocab_file!r} is only read with vocab=file, got vocab="
+                         f"{config.vocab.value}")
+    vocabulary.check_buckets(config.hash_buckets)
+    if config.vocab is VocabularyKind.DP:
+        dp_vocabulary.DpVocabularyConfig(config.vocab_epsilon, 0.5 if config.vocab_delta is None
+                                         else config.vocab_delta)
+
+
+def _vocabulary(config: DataConfig, train_raw: np.ndarray, noise: NoiseSource, run_delta: Optional[float],
+                model_dir: Optional[str]):
+    """``(vocabulary, info fields, pre-training releases, outside_guarantee entries)`` of a Criteo run."""
+    from tfdp_sparse import accounting
+    from tfdp_sparse.data import criteo, dp_vocabulary, vocabulary
+
+    if config.vocab is VocabularyKind.HASH:
+        vocab = vocabulary.HashVocabulary(config.hash_buckets)
+        return vocab, vocab.describe(), (), []
+    if config.vocab is VocabularyKind.FILE:
+        vocab = vocabulary.StringVocabulary.from_dicts(criteo.load_vocabularies(config.vocab_file))
+        info = {"vocab": config.vocab.value, "vocab_file": config.vocab_file, **vocab.describe()}
+        return vocab, info, (), [f"vocabulary file {config.vocab_file} (asserted public)"]
+    delta = config.vocab_delta
+    if delta is None:
+        delta = (run_delta if run_delta is not None else accounting.default_delta(len(train_raw))) / 10
+    dp_config = dp_vocabulary.DpVocabularyConfig(config.vocab_epsilon, delta)
+    saved = os.path.join(model_dir, DP_VOCAB_FILE) if model_dir else None
+    if saved and os.path.exists(saved):
+        dp = dp_vocabulary.load_dp_vocabulary(saved, dp_config)
+        log.info("reusing the DP vocabulary released earlier in %s", saved)
+    else:
+        dp = dp_vocabulary.build_dp_vocabulary(train_raw, dp_config, noise)
+        if saved:
+            os.makedirs(model_dir, exist_ok=True)
+            dp_vocabulary.save_dp_vocabulary(dp, saved)
+    log.info("DP vocabulary: %s", dp.describe())
+    release = loop_lib.PreTrainingRelease("dp_vocabulary", dp.event, dp.extra_delta)
+    return dp.vocabulary, dp.describe(), (release,), []
+
+
+def _synthetic_data(config: DataConfig) -> PctrData:
+    syn = synthetic.SyntheticCriteoConfig(
+        num_examples=config.num_examples, vocab_scale=config.vocab_scale, seed=config.seed
+    )
+    log.info("generating %d synthetic examples (tables: %d rows)", config.num_examples, sum(syn.table_sizes))
+    train = synthetic.generate(syn)
+    evaluation = synthetic.generate(syn, sample_seed=1, num_examples=config.num_eval_examples)
+    info = {
+        "data": "synthetic",
+        "bayes_optimal_auc": round(synthetic.expected_auc(evaluation["prob"]), 4),
+        "outside_guarantee": [],  # the generator is public
+    }
+    for arrays in (train, evaluation):
+        arrays.pop("prob", None)
+    return PctrData(train, evaluation, tuple(syn.table_sizes), info)
+
+
+def _read_raw(path: str, config: DataConfig, prefix: str = ""):
+    """Raw arrays of one Criteo file; malformed lines counted in the info fields (``prefix`` for eval)."""
+    from tfdp_sparse.data import criteo
+
+    arrays, report = criteo.read_criteo_raw(path)
+    info = {f"{prefix}lines": report.lines, f"{prefix}malformed": report.malformed}
+    if not prefix:
+        info["malformed_by_kind"] = dict(sorted(report.reason_counts.items()))
+    if report.malformed:
+        log.warning("%s: skipped %d malformed lines of %d: %s", path, report.malformed, report.lines, report)
+    report.raise_if_too_many(config.max_malformed_fraction)
+    return arrays, info
+
+
+def load_data(config: DataConfig, noise: Optional[NoiseSource] = None, run_delta: Optional[float] = None,
+              model_dir: Optional[str] = None) -> PctrData:
+    """Training and evaluation data for synthetic data or a Criteo TSV (:class:`PctrData`).
 
     Criteo: malformed lines are skipped, counted and reported in ``info``
     (``lines``, ``malformed``, ``malformed_by_kind``, and ``eval_*`` for
     ``eval_source``); more than ``max_malformed_fraction`` of them is an
-    error.
+    error. Ids come from ``config.vocab``; a DP vocabulary is built from the
+    training rows only, with noise from ``noise`` (default secure), its δ
+    defaulting to ``run_delta / 10`` (``run_delta=None``: the run's default
+    δ), and is kept in ``model_dir`` for resumes. ``info["outside_guarantee"]``
+    names what the run's ε does not cover.
     """
+    check_vocab_settings(config)
     if config.source == "synthetic":
-        syn = synthetic.SyntheticCriteoConfig(
-            num_examples=config.num_examples, vocab_scale=config.vocab_scale, seed=config.seed
-        )
-        log.info("generating %d synthetic examples (tables: %d rows)", config.num_examples, sum(syn.table_sizes))
-        train = synthetic.generate(syn)
-        evaluation = synthetic.generate(syn, sample_seed=1, num_examples=config.num_eval_examples)
-        info = {
-            "data": "synthetic",
-            "bayes_optimal_auc": round(synthetic.expected_auc(evaluation["prob"]), 4),
-        }
-        for arrays in (train, evaluation):
-            arrays.pop("prob", None)
-        return train, evaluation, syn.table_sizes, info
-    from tfdp_sparse.data import criteo
-
+        return _synthetic_data(config)
     if not os.path.isfile(config.source):
         raise ValueError(f"data={config.source!r} is neither 'synthetic' nor an existing Criteo TSV file")
     if config.eval_source is not None and not os.path.isfile(config.eval_source):
         raise ValueError(f"eval_data={config.eval_source!r} is not an existing Criteo TSV file")
     if config.eval_source is None and not 0 < config.eval_fraction < 1:
         raise ValueError(f"eval_fraction must lie in (0, 1), got {config.eval_fraction!r}")
-    log.info("building vocabularies from %s", config.source)
-    vocabularies = criteo.build_vocabularies([config.source])
-    vocab_sizes = criteo.vocab_sizes(vocabularies)
-    arrays, report = criteo.read_criteo_tsv(config.source, vocabularies)
-    info = {"data": config.source, "lines": report.lines, "malformed": report.malformed,
-            "malformed_by_kind": dict(sorted(report.reason_counts.items()))}
-    if report.malformed:
-        log.warning("%s: skipped %d malformed lines of %d: %s", config.source, report.malformed, report.lines, report)
-    report.raise_if_too_many(config.max_malformed_fraction)
+    arrays, read_info = _read_raw(config.source, config)
     if config.eval_source:
-        evaluation, eval_report = criteo.read_criteo_tsv(config.eval_source, vocabularies)
-        info.update(eval_lines=eval_report.lines, eval_malformed=eval_report.malformed)
-        if eval_report.malformed:
-            log.warning("%s: skipped %d malformed lines of %d: %s", config.eval_source, eval_report.malformed,
-                        eval_report.lines, eval_report)
-        eval_report.raise_if_too_many(config.max_malformed_fraction)
-        train = arrays
+        evaluation, eval_info = _read_raw(config.eval_source, config, prefix="eval_")
+        read_info.update(eval_info)
+        train, held_out = arrays, f"all of {config.eval_source}"
     else:
         n = len(arrays["label"])
         cut = int(round(n * (1 - config.eval_fraction)))
@@ -180,7 +293,19 @@ def load_data(config: DataConfig):
             raise ValueError(f"eval_fraction={config.eval_fraction} leaves no train or eval data out of {n} examples")
         train = {k: v[:cut] for k, v in arrays.items()}
         evaluation = {k: v[cut:] for k, v in arrays.items()}
-    return train, evaluation, vocab_sizes, info
+        held_out = f"the last {n - cut} parsed lines of {config.source}"
+    vocab, vocab_info, releases, outside = _vocabulary(
+        config, train["cat_raw"], noise or NoiseSource.secure(), run_delta, model_dir)
+    for split in (train, evaluation):
+        split["cat"] = vocab.ids(split.pop("cat_raw"))
+    outside += [
+        f"number of training examples N={len(train['label'])} (sets the sampling rate B/N and the default delta)",
+        f"line and malformed-line counts of the data files (reported exactly; above max_malformed_fraction="
+        f"{config.max_malformed_fraction} the run stops)",
+        f"evaluation AUC on {held_out}: computed exactly, those examples are not protected",
+    ]
+    info = {"data": config.source, **read_info, **vocab_info, "outside_guarantee": outside}
+    return PctrData(train, evaluation, tuple(vocab.sizes), info, releases)
 
 
 def evaluate_auc(model: tf.keras.Model, arrays, batch_size: int = 8192) -> Optional[float]:
@@ -227,7 +352,7 @@ def dense_dpsgd_step_ms(vocab_sizes, hidden, batch_size: int, seed: int, steps: 
     from tfdp_sparse.mechanisms import DPSGD
 
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=hidden), seed=seed)
-    step = PrivateStep(model, pctr.per_example_loss, DPOptimizer(DPSGD(1.0, 1.0, seed=seed), 0.1, batch_size))
+    step = PrivateStep(model, pctr.per_example_loss, DPOptimizer(DPSGD(1.0, 1.0), 0.1, batch_size))
     rng = np.random.default_rng(seed)
     x = {
         "cat": np.stack([rng.integers(0, v, batch_size) for v in vocab_sizes], axis=1),
@@ -245,6 +370,7 @@ def dense_dpsgd_step_ms(vocab_sizes, hidden, batch_size: int, seed: int, steps: 
 def _check_run(run: PctrRun) -> None:
     """Cheap checks before any data is loaded."""
     run.privacy.validate()
+    check_vocab_settings(run.data)
     loop = run.loop
     if isinstance(loop.batch_size, bool) or int(loop.batch_size) != loop.batch_size or loop.batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {loop.batch_size!r}")
@@ -264,14 +390,15 @@ def train_and_evaluate(run: PctrRun) -> dict:
     table, non-finite dense features), before training starts.
     """
     _check_run(run)
-    train, evaluation, vocab_sizes, info = load_data(run.data)
+    data = load_data(run.data, NoiseSource(run.loop.noise_seed), run.privacy.delta, run.loop.model_dir)
+    train, evaluation, vocab_sizes, info = data.train, data.evaluation, data.vocab_sizes, data.info
     check_features(train, vocab_sizes, "training data")
     check_features(evaluation, vocab_sizes, "evaluation data")
     privacy = cap_k(run.privacy, vocab_sizes)
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden), seed=run.loop.seed)
     result = loop_lib.train_privately(
         model, pctr.per_example_loss, train, privacy, run.loop,
-        selection_counts=lambda: selection_counts(train["cat"], vocab_sizes),
+        selection_counts=lambda: selection_counts(train["cat"], vocab_sizes), pre_training=data.pre_training,
     )
     auc = evaluate_auc(model, evaluation)
     dense_values = sum(v * pctr.embedding_dim(v) for v in vocab_sizes)
@@ -285,6 +412,19 @@ def train_and_evaluate(run: PctrRun) -> dict:
         metrics["export_dir"] = run.export_dir
     summary.emit(metrics, run.metrics_out)
     return metrics
+
+
+def _hash_buckets(values: Optional[list]) -> tuple:
+    """``--hash_buckets``: None -> the Kaggle sizes; one integer -> 26 copies; else the 26 integers."""
+    from tfdp_sparse.data import vocabulary
+
+    if values is None:
+        return KAGGLE_VOCAB_SIZES
+    try:
+        buckets = [int(v) for v in values]
+    except ValueError:
+        raise ValueError(f"hash_buckets must be one integer or 26 comma-separated integers, got {values!r}") from None
+    return vocabulary.check_buckets(buckets[0] if len(buckets) == 1 else buckets)
 
 
 def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
@@ -303,6 +443,11 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         num_eval_examples=fv.num_eval_examples,
         vocab_scale=fv.vocab_scale,
         seed=fv.seed,
+        vocab=fv.vocab,
+        hash_buckets=_hash_buckets(fv.hash_buckets),
+        vocab_file=fv.vocab_file,
+        vocab_epsilon=fv.vocab_epsilon,
+        vocab_delta=fv.vocab_delta,
     )
     steps = fv.steps
     if steps is None:
@@ -317,6 +462,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         steps=steps,
         learning_rate=fv.learning_rate,
         seed=fv.seed,
+        noise_seed=fv.noise_seed,
         model_dir=fv.model_dir,
         checkpoint_every=fv.checkpoint_every,
         log_every=fv.log_every,

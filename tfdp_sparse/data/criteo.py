@@ -5,10 +5,18 @@ a ``0``/``1`` label, 13 integer features and 26 categorical features given as
 8-hex-digit hashes; an empty field is a missing value.  As in DP-AdaFEST
 (Zhang et al., NeurIPS 2023) and the DLRM reference pipeline:
 
-* dense ``x`` becomes ``log(1 + max(x, 0))``; missing is ``0``;
-* categorical strings get ids from vocabularies built on training counts:
-  id 0 is reserved for missing and out-of-vocabulary strings, the most
-  frequent string gets 1 (ties broken by the string).
+* dense ``x`` becomes ``log(1 + max(x, 0))``; missing is ``0`` (a fixed,
+  public transform);
+* categorical strings (8 hex digits = a 32-bit value) are read raw
+  (:func:`read_criteo_raw`, ``vocabulary.MISSING`` for empty fields) and
+  mapped to ids by a :class:`~tfdp_sparse.data.vocabulary.Vocabulary`; id 0
+  is reserved for missing and unknown strings.  The private default is the
+  public :class:`~tfdp_sparse.data.vocabulary.HashVocabulary` (fixed bucket
+  counts); a public vocabulary file and a DP vocabulary
+  (:mod:`tfdp_sparse.data.dp_vocabulary`) are the alternatives.
+  :func:`build_vocabularies` (exact training counts, the DLRM habit) is an
+  exact function of the data and lies outside any DP guarantee: use it only
+  on public data, e.g. to write a public vocabulary file.
 
 Malformed lines (wrong field count, bad label, non-integer dense, non-hex
 categorical) are skipped and counted in a :class:`ReadReport`; the caller
@@ -16,12 +24,12 @@ decides with ``report.raise_if_too_many(max_fraction)``.
 
 Example::
 
-    >>> vocabs = build_vocabularies(["train.txt"], min_count=2)
-    >>> arrays, report = read_criteo_tsv("train.txt", vocabs)
+    >>> vocab = HashVocabulary()                 # public: the paper's table sizes
+    >>> arrays, report = read_criteo_tsv("train.txt", vocab)
     >>> report.raise_if_too_many(0.01)
     >>> arrays["cat"].shape[1], arrays["dense"].shape[1]
     (26, 13)
-    >>> validate_features(arrays["cat"], arrays["dense"], vocab_sizes(vocabs))
+    >>> validate_features(arrays["cat"], arrays["dense"], vocab_sizes(vocab))
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from typing import Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 import numpy as np
 
 from tfdp_sparse.data.criteo_schema import NUM_CATEGORICAL, NUM_DENSE, NUM_TSV_FIELDS
+from tfdp_sparse.data.vocabulary import MISSING, HashVocabulary, StringVocabulary, Vocabulary
 
 PathLike = Union[str, os.PathLike]
 
@@ -213,7 +222,13 @@ def _iter_parsed(paths: Sequence[str], report: ReadReport) -> Iterator[tuple]:
 
 
 def build_vocabularies(paths, min_count: int = 1, max_size: Optional[int] = None) -> list[dict[str, int]]:
-    """Per-feature vocabularies ``{hex string: id}`` from training counts.
+    """Per-feature vocabularies ``{hex string: id}`` from exact counts (NOT private).
+
+    Table sizes, the string->id map and the ranks are exact functions of
+    ``paths``: a string seen once gets its own row.  Use it only on public
+    data (then ``save_vocabularies`` writes a file for ``--vocab=file``);
+    training on private data uses ``HashVocabulary`` or
+    ``dp_vocabulary.build_dp_vocabulary``.
 
     Id 0 is reserved (missing / out of vocabulary); strings seen at least
     ``min_count`` times get ids ``1, 2, ...`` by decreasing count, ties by
@@ -263,9 +278,16 @@ def _check_vocabularies(vocabularies) -> list:
     return list(vocabularies)
 
 
+def as_vocabulary(vocabularies) -> Vocabulary:
+    """A :class:`Vocabulary` as is, or 26 ``{string: id}`` dicts as a :class:`StringVocabulary`."""
+    if isinstance(vocabularies, Vocabulary):
+        return vocabularies
+    return StringVocabulary.from_dicts(_check_vocabularies(vocabularies))
+
+
 def vocab_sizes(vocabularies) -> tuple[int, ...]:
-    """Table rows per feature: ``len(vocab) + 1`` (row 0 is missing/OOV)."""
-    return tuple(len(v) + 1 for v in _check_vocabularies(vocabularies))
+    """Table rows per feature (row 0 is missing/OOV): ``len(vocab) + 1`` for dicts, ``.sizes`` otherwise."""
+    return as_vocabulary(vocabularies).sizes
 
 
 def save_vocabularies(vocabularies, path: PathLike) -> None:
@@ -314,18 +336,22 @@ def _finish_dense(raw: np.ndarray) -> np.ndarray:
     return np.log1p(np.maximum(raw, 0.0)).astype(np.float32)
 
 
-def read_criteo_tsv(path: PathLike, vocabularies) -> tuple[dict[str, np.ndarray], ReadReport]:
-    """Read one Criteo TSV file (plain or ``.gz``) into arrays.
+def _raw(cats: Sequence[str]) -> list[int]:
+    return [int(c, 16) if c else MISSING for c in cats]
 
-    Returns ``({"cat": int64 [N, 26], "dense": float32 [N, 13], "label":
-    float32 [N]}, report)``: dense ``log(1 + max(x, 0))`` (missing 0),
-    categorical ids from ``vocabularies`` (missing and unknown strings 0).
-    Malformed lines are skipped and counted in ``report``.
 
-    Example: the line ``"1\\t5\\t" + "\\t" * 12 + "\\t".join(["0000000a"] * 26)``
-    gives ``dense[0, 0] == log(6)`` and ``label[0] == 1``.
+def read_criteo_raw(path: PathLike) -> tuple[dict[str, np.ndarray], ReadReport]:
+    """Read one Criteo TSV file (plain or ``.gz``) with categorical values left raw.
+
+    Returns ``({"cat_raw": int64 [N, 26], "dense": float32 [N, 13],
+    "label": float32 [N]}, report)``: ``cat_raw`` holds ``int(s, 16)`` of
+    each 8-hex-digit string and ``MISSING`` (-1) for empty fields, ready for
+    any :class:`Vocabulary` (``vocab.ids(arrays["cat_raw"])``) or for
+    counting (DP vocabulary).
+
+    Example: a line whose C1 is ``"0000000A"`` and C2 is empty gives
+    ``cat_raw[0, :2] == [10, -1]``.
     """
-    vocabularies = _check_vocabularies(vocabularies)
     path = os.fspath(path)
     report = ReadReport(path)
     labels = array.array("f")
@@ -334,15 +360,34 @@ def read_criteo_tsv(path: PathLike, vocabularies) -> tuple[dict[str, np.ndarray]
     for label, d, cats in _iter_parsed([path], report):
         labels.append(label)
         dense.extend(d)
-        cat.extend([v.get(c, 0) for v, c in zip(vocabularies, cats)])
+        cat.extend(_raw(cats))
     report.complete = True
     n = len(labels)
     arrays = {
-        "cat": np.frombuffer(cat, dtype=np.int64).reshape(n, NUM_CATEGORICAL).copy(),
+        "cat_raw": np.frombuffer(cat, dtype=np.int64).reshape(n, NUM_CATEGORICAL).copy(),
         "dense": _finish_dense(np.frombuffer(dense, dtype=np.float64).reshape(n, NUM_DENSE)),
         "label": np.frombuffer(labels, dtype=np.float32).copy(),
     }
     return arrays, report
+
+
+def read_criteo_tsv(path: PathLike, vocabularies) -> tuple[dict[str, np.ndarray], ReadReport]:
+    """Read one Criteo TSV file (plain or ``.gz``) into arrays.
+
+    Returns ``({"cat": int64 [N, 26], "dense": float32 [N, 13], "label":
+    float32 [N]}, report)``: dense ``log(1 + max(x, 0))`` (missing 0),
+    categorical ids from ``vocabularies`` (a :class:`Vocabulary`, e.g.
+    :class:`HashVocabulary`, or 26 ``{string: id}`` dicts; missing and
+    unknown strings 0).  Malformed lines are skipped and counted in
+    ``report``.
+
+    Example: the line ``"1\\t5\\t" + "\\t" * 12 + "\\t".join(["0000000a"] * 26)``
+    gives ``dense[0, 0] == log(6)`` and ``label[0] == 1``.
+    """
+    vocabulary = as_vocabulary(vocabularies)
+    arrays, report = read_criteo_raw(path)
+    arrays["cat"] = vocabulary.ids(arrays.pop("cat_raw"))
+    return {k: arrays[k] for k in ("cat", "dense", "label")}, report
 
 
 def criteo_dataset(paths, vocabularies, batch_size: int, drop_remainder: bool = False):
@@ -360,7 +405,7 @@ def criteo_dataset(paths, vocabularies, batch_size: int, drop_remainder: bool = 
     """
     import tensorflow as tf
 
-    vocabularies = _check_vocabularies(vocabularies)
+    vocabulary = as_vocabulary(vocabularies)
     paths = _as_paths(paths)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -375,14 +420,14 @@ def criteo_dataset(paths, vocabularies, batch_size: int, drop_remainder: bool = 
         for lab, d, cats in _iter_parsed(paths, report):
             label[k] = lab
             dense[k] = d
-            cat[k] = [v.get(c, 0) for v, c in zip(vocabularies, cats)]
+            cat[k] = _raw(cats)
             k += 1
             if k == batch_size:
-                yield {"cat": cat.copy(), "dense": _finish_dense(dense)}, label.copy()
+                yield {"cat": vocabulary.ids(cat), "dense": _finish_dense(dense)}, label.copy()
                 k = 0
         report.complete = True
         if k and not drop_remainder:
-            yield {"cat": cat[:k].copy(), "dense": _finish_dense(dense[:k])}, label[:k].copy()
+            yield {"cat": vocabulary.ids(cat[:k]), "dense": _finish_dense(dense[:k])}, label[:k].copy()
 
     batch = batch_size if drop_remainder else None
     signature = ({"cat": tf.TensorSpec([batch, NUM_CATEGORICAL], tf.int64),

@@ -141,6 +141,44 @@ def test_unsupported_layer_is_refused():
         _ghost(model, [tf.ones([2, 3])], tf.ones([2, 1]), 1.0)
 
 
+def test_batchnorm_state_refused_only_when_clipping():
+    """BN without gamma/beta has no trainable variable, yet writes exact batch statistics."""
+    tf.keras.utils.set_random_seed(0)
+    inp = tf.keras.Input(shape=(3,))
+    h = tf.keras.layers.BatchNormalization(center=False, scale=False, name="stats_only")(inp)
+    model = tf.keras.Model(inp, tf.keras.layers.Dense(1, name="head")(h))
+    x, y = [tf.constant(np.arange(6.0, dtype=np.float32).reshape(2, 3))], tf.ones([2, 1])
+    with pytest.raises(UnsupportedLayerError, match=r"'stats_only'.*moving_variance"):
+        _ghost(model, x, y, 1.0)
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(_loss(y, model(x, training=True)))
+    plain = tape.gradient(total, model.trainable_variables)
+    taps.clear()
+    result = _ghost(model, x, y, None)  # non-private: allowed, the ordinary gradient
+    for g, e, v in zip(result.grads, plain, model.trainable_variables):
+        np.testing.assert_allclose(_dense(g, v), e.numpy(), rtol=1e-5, err_msg=v.name)
+
+
+def test_own_variables_exclude_sublayers():
+    from tfdp_sparse.clipping.coverage import own_variables
+
+    class Block(tf.keras.layers.Layer):
+        def __init__(self):
+            super().__init__(name="block")
+            self.inner = tf.keras.layers.Dense(2, name="inner")
+
+        def build(self, input_shape):
+            self.scale = self.add_weight(name="scale", shape=(), trainable=True)
+
+        def call(self, x):
+            return self.inner(x) * self.scale
+
+    block = Block()
+    block(tf.ones([1, 3]))
+    assert [v.name for v in own_variables(block)] == ["block/scale:0"]
+    assert own_variables(block.inner) == block.inner.weights
+
+
 def test_scalar_loss_is_refused_with_advice():
     model = _model()
     x, y = _batch()

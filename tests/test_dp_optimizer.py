@@ -8,6 +8,7 @@ import tensorflow as tf
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.mechanisms import DPSGD, NonPrivate
+from tfdp_sparse.mechanisms.eana import EANA
 
 
 def _model(vocab=50, dim=4, seed=0):
@@ -99,7 +100,8 @@ def test_dpsgd_applies_noise_to_unlooked_rows():
 def test_scalar_loss_in_compile_gets_clear_error():
     x, y = _data()
     model = _model()
-    model.compile(optimizer=DPOptimizer(DPSGD(1.0, 1.0), 0.1), loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    model.compile(optimizer=DPOptimizer(DPSGD(1.0, 1.0), 0.1, expected_batch_size=16),
+                  loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
     with pytest.raises(ValueError, match="one loss per example"):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
 
@@ -118,7 +120,7 @@ def test_bad_mechanism_settings(kwargs, match):
 
 def test_optimizer_refuses_sensitivity_changing_options():
     with pytest.raises(ValueError, match="clipnorm"):
-        DPOptimizer(DPSGD(1.0, 1.0), 0.1, clipnorm=1.0)
+        DPOptimizer(DPSGD(1.0, 1.0), 0.1, expected_batch_size=8, clipnorm=1.0)
 
 
 def test_zero_momentum_allocates_no_table_sized_slots():
@@ -129,3 +131,28 @@ def test_zero_momentum_allocates_no_table_sized_slots():
     step = PrivateStep(model, lambda y, p: tf.reshape(tf.nn.sigmoid_cross_entropy_with_logits(y, p), [-1]), opt)
     step(tf.constant(x), tf.constant(y))
     assert max(int(np.prod(v.shape)) for v in opt.variables) < 1000
+
+
+@pytest.mark.parametrize("mechanism", [DPSGD(1.0, 1.0), DPSGD(0.0, 1.0), EANA(1.0, 1.0)], ids=["dpsgd", "sigma0", "eana"])
+def test_private_mechanism_requires_expected_batch_size(mechanism):
+    """Dividing by each batch's size would leak it under Poisson sampling (issue 8, item 6)."""
+    with pytest.raises(ValueError, match=f"expected_batch_size for the private mechanism '{mechanism.name}'"):
+        DPOptimizer(mechanism, 0.1)
+
+
+def test_nonprivate_update_divides_by_actual_batch_size_without_expected_batch_size():
+    """NonPrivate may omit B: the step is then the mean gradient of the batch, as plain SGD."""
+    x, y = _data(n=6)
+    a, b = _model(), _model()
+    PrivateStep(a, _per_example_bce(), DPOptimizer(NonPrivate(), 0.5))(tf.constant(x), tf.constant(y))
+    PrivateStep(b, _per_example_bce(), DPOptimizer(NonPrivate(), 0.5, expected_batch_size=3))(tf.constant(x), tf.constant(y))
+    moved_a = [va.numpy() - vb.numpy() for va, vb in zip(a.trainable_variables, _model().trainable_variables)]
+    moved_b = [vb.numpy() - v0.numpy() for vb, v0 in zip(b.trainable_variables, _model().trainable_variables)]
+    for da, db in zip(moved_a, moved_b):
+        np.testing.assert_allclose(2 * da, db, rtol=1e-5, atol=1e-7)  # divides by 6, not 3
+
+
+@pytest.mark.parametrize("bad", [0, -4, 2.5, True])
+def test_expected_batch_size_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="expected_batch_size must be a positive integer"):
+        DPOptimizer(DPSGD(1.0, 1.0), 0.1, expected_batch_size=bad)

@@ -12,6 +12,13 @@ and the taps the layers reported, :func:`clip_gradients` returns
 With ``clip_norm=None`` (non-private training) no norms are computed and the
 result is the ordinary gradient of ``sum_i loss_i`` (still sparse for tables).
 
+Refused with :class:`~tfdp_sparse.clipping.coverage.UnsupportedLayerError`
+(:mod:`tfdp_sparse.clipping.coverage`): a trainable variable on the gradient
+path without a clipping rule, a table also read outside its lookups (tied
+weights: its direct gradient would be lost) and, when clipping
+(``clip_norm`` set), any called layer holding variables no tap covers (e.g.
+``BatchNormalization``, whose moving statistics are exact batch statistics).
+
 Cost: one backward pass to the taps, then O(B * (L d + in + out)) work per
 layer; nothing is proportional to a table's vocabulary.
 
@@ -33,7 +40,15 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping import dense as dense_norms
 from tfdp_sparse.clipping import embedding as embedding_norms
+from tfdp_sparse.clipping.coverage import (
+    SUPPORTED_LAYERS,
+    UnsupportedLayerError,
+    check_layers_covered,
+    check_table_reads,
+)
 from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, Tap
+
+__all__ = ["ClippedGradients", "UnsupportedLayerError", "clip_gradients", "validate_clip_norm"]
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
 
@@ -63,10 +78,6 @@ class ClippedGradients:
     lookups: list[Optional[tf.Tensor]] = dataclasses.field(default_factory=list)
 
 
-class UnsupportedLayerError(ValueError):
-    """A trainable variable has no per-example clipping rule."""
-
-
 def validate_clip_norm(clip_norm: Optional[float]) -> None:
     if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"l2_norm_clip must be > 0 (the per-example clipping bound C), got {clip_norm!r}")
@@ -92,8 +103,55 @@ def clip_gradients(
     """Summed per-example-clipped gradients of ``variables`` (see module doc)."""
     validate_clip_norm(clip_norm)
     _check_loss(per_example_loss)
+    if clip_norm is not None:
+        check_layers_covered(recorded)
     keys = [v.ref() for v in variables]
-    wanted = set(keys)
+    table_taps, dense_taps = _group_taps(recorded, set(keys))
+    covered = set(table_taps) | set(dense_taps)
+    covered |= {t[0].bias.ref() for t in dense_taps.values() if t[0].bias is not None}
+    uncovered = [v for v in variables if v.ref() not in covered]
+    tables = [group[0].table for group in table_taps.values()]
+
+    flat_taps = [t for group in list(table_taps.values()) + list(dense_taps.values()) for t in group]
+    sources = [t.rows if isinstance(t, EmbeddingTap) else t.preactivation for t in flat_taps]
+    all_grads = tape.gradient(
+        per_example_loss,
+        sources + uncovered + tables,
+        unconnected_gradients=tf.UnconnectedGradients.NONE,
+    )
+    tap_grads = dict(zip([id(t) for t in flat_taps], all_grads[: len(sources)]))
+    uncovered_grads = all_grads[len(sources) : len(sources) + len(uncovered)]
+    connected_uncovered = [v.name for v, g in zip(uncovered, uncovered_grads) if g is not None]
+    if connected_uncovered:
+        raise UnsupportedLayerError(
+            f"per-example clipping has no rule for variables {connected_uncovered}: supported layers "
+            f"are {SUPPORTED_LAYERS}"
+        )
+
+    groups = _live_groups(table_taps, dense_taps, tap_grads)
+    live_tables = {key: t for kind, key, t, _ in groups if kind == "table"}
+    table_grads = all_grads[len(sources) + len(uncovered) :]
+    checks = [
+        check_table_reads(group[0].table, live_tables.get(key, []), [t.owner for t in group], direct)
+        for (key, group), direct in zip(table_taps.items(), table_grads)
+    ]
+    with tf.control_dependencies([c for c in checks if c is not None]):
+        return _clip_groups(per_example_loss, groups, keys, table_taps, clip_norm)
+
+
+def _live_groups(table_taps: dict, dense_taps: dict, tap_grads: dict) -> list:
+    """``[(kind, key, taps, grads)]`` keeping the taps the loss depends on."""
+    groups = []
+    for kind, by_key in (("table", table_taps), ("dense", dense_taps)):
+        for key, group in by_key.items():
+            pairs = [(t, tap_grads[id(t)]) for t in group if tap_grads[id(t)] is not None]
+            if pairs:
+                groups.append((kind, key, [p[0] for p in pairs], [p[1] for p in pairs]))
+    return groups
+
+
+def _group_taps(recorded: Sequence[Tap], wanted: set) -> tuple[dict, dict]:
+    """``({table ref: [EmbeddingTap]}, {kernel ref: [DenseTap]})`` for the wanted variables."""
     table_taps: dict = {}
     dense_taps: dict = {}
     for tap in recorded:
@@ -101,40 +159,11 @@ def clip_gradients(
             table_taps.setdefault(tap.table.ref(), []).append(tap)
         elif isinstance(tap, DenseTap) and tap.kernel.ref() in wanted:
             dense_taps.setdefault(tap.kernel.ref(), []).append(tap)
-    covered = set(table_taps) | set(dense_taps)
-    covered |= {t[0].bias.ref() for t in dense_taps.values() if t[0].bias is not None}
-    uncovered = [v for v in variables if v.ref() not in covered]
+    return table_taps, dense_taps
 
-    flat_taps = [t for group in list(table_taps.values()) + list(dense_taps.values()) for t in group]
-    sources = [t.rows if isinstance(t, EmbeddingTap) else t.preactivation for t in flat_taps]
-    all_grads = tape.gradient(
-        per_example_loss,
-        sources + uncovered,
-        unconnected_gradients=tf.UnconnectedGradients.NONE,
-    )
-    tap_grads = dict(zip([id(t) for t in flat_taps], all_grads[: len(sources)]))
-    connected_uncovered = [v.name for v, g in zip(uncovered, all_grads[len(sources):]) if g is not None]
-    if connected_uncovered:
-        raise UnsupportedLayerError(
-            "per-example clipping has no rule for variables "
-            f"{connected_uncovered}: supported layers are tf.keras.layers.Dense (dense inputs), "
-            "tf.keras.layers.Embedding and tfdp_sparse.layers.DPEmbedding"
-        )
 
-    def live(group):
-        pairs = [(t, tap_grads[id(t)]) for t in group if tap_grads[id(t)] is not None]
-        return [p[0] for p in pairs], [p[1] for p in pairs]
-
-    groups = []  # (kind, key, taps, grads)
-    for key, group in table_taps.items():
-        t, g = live(group)
-        if t:
-            groups.append(("table", key, t, g))
-    for key, group in dense_taps.items():
-        t, g = live(group)
-        if t:
-            groups.append(("dense", key, t, g))
-
+def _clip_groups(per_example_loss, groups, keys, table_taps, clip_norm) -> ClippedGradients:
+    """Norms, scales and clipped sums of the live tap groups."""
     batch_size = tf.shape(per_example_loss)[0]
     if clip_norm is None:
         norms = None

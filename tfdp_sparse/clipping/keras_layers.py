@@ -8,6 +8,12 @@ outputs through ops whose intermediate tensors are reported as taps
 not cover (sparse or ragged inputs to ``Dense``), the original ``call`` runs
 and the private step later refuses the layer's variables with a clear error.
 
+It also wraps ``Layer.__call__`` so that every layer (and model) called
+while a tape records reports itself (:class:`~tfdp_sparse.clipping.taps.LayerTap`):
+the private step then refuses any layer whose variables no tap covers
+(:mod:`tfdp_sparse.clipping.coverage`), e.g. a ``BatchNormalization`` whose
+moving statistics would change without clipping or noise.
+
 This mirrors the layer registry of TF Privacy's ``fast_gradient_clipping``
 (one function per layer type), applied at call time so that
 ``model.compile(optimizer=DPOptimizer(...))`` + ``model.fit`` works for any
@@ -23,11 +29,14 @@ Example::
 
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
 
 from tfdp_sparse.clipping import taps
 
 _ORIGINAL_CALLS: dict[type, object] = {}
+_ORIGINAL_LAYER_DUNDER_CALL: list = []  # [Layer.__call__ before install()]
 
 
 def _dense_call(self, inputs):
@@ -65,9 +74,22 @@ def _embedding_call(self, inputs):
     return rows
 
 
+def _wrap_layer_dunder_call(original):
+    @functools.wraps(original)
+    def layer_call(self, *args, **kwargs):
+        outputs = original(self, *args, **kwargs)
+        taps.record(taps.LayerTap(self))  # no-op unless a tape records
+        return outputs
+
+    return layer_call
+
+
 def install() -> None:
-    """Wraps ``Dense.call`` and ``Embedding.call`` (idempotent)."""
+    """Wraps ``Dense.call``, ``Embedding.call`` and ``Layer.__call__`` (idempotent)."""
     for cls, call in ((tf.keras.layers.Dense, _dense_call), (tf.keras.layers.Embedding, _embedding_call)):
         if cls not in _ORIGINAL_CALLS:
             _ORIGINAL_CALLS[cls] = cls.call
             cls.call = call
+    if not _ORIGINAL_LAYER_DUNDER_CALL:
+        _ORIGINAL_LAYER_DUNDER_CALL.append(tf.keras.layers.Layer.__call__)
+        tf.keras.layers.Layer.__call__ = _wrap_layer_dunder_call(tf.keras.layers.Layer.__call__)

@@ -6,7 +6,10 @@ needs, for every trainable layer, the tensors on each side of its weights:
 
 * a lookup (``Embedding`` / :class:`tfdp_sparse.layers.DPEmbedding`): the
   looked-up ids ``[B, L]`` and the gathered rows ``[B, L, d]``;
-* a ``Dense`` layer: its input ``a`` and its pre-activation output ``z``.
+* a ``Dense`` layer: its input ``a`` and its pre-activation output ``z``;
+* every Keras layer called while the tape records: the layer itself
+  (:class:`LayerTap`), so the private step can refuse layers whose variables
+  no tap covers (e.g. ``BatchNormalization``'s moving statistics).
 
 One backward pass of ``sum_i loss_i`` to ``rows`` and ``z`` gives every
 example's activation gradient; per-example norms and the *clipped* weight
@@ -73,7 +76,20 @@ class DenseTap:
     owner: str
 
 
-Tap = Union[EmbeddingTap, DenseTap]
+@dataclasses.dataclass(frozen=True)
+class LayerTap:
+    """One call of any Keras layer (or model) while a tape records.
+
+    Attributes:
+      layer: the called layer; the private step checks that each of its own
+        variables is covered by an :class:`EmbeddingTap` or :class:`DenseTap`
+        (see :mod:`tfdp_sparse.clipping.coverage`).
+    """
+
+    layer: tf.Module
+
+
+Tap = Union[EmbeddingTap, DenseTap, LayerTap]
 
 _LOCK = threading.Lock()
 _TAPS: "weakref.WeakKeyDictionary[tf.Graph, list[Tap]]" = weakref.WeakKeyDictionary()

@@ -11,7 +11,11 @@ private step:
    ``scatter_sub`` of the touched rows when the mechanism keeps a table
    sparse, a dense update when it does not (DP-SGD).
 
-It needs one loss per example: compile with ``reduction=NONE``.
+It needs one loss per example: compile with ``reduction=NONE``. For private
+mechanisms it needs ``expected_batch_size`` and refuses (naming the layer)
+models whose variables it would change without clipping and noise, e.g. a
+``BatchNormalization`` or tied embedding weights
+(:mod:`tfdp_sparse.clipping.coverage`).
 
 Example::
 
@@ -46,15 +50,38 @@ def _scale(grad, factor):
     return grad * factor
 
 
+def _check_expected_batch_size(expected_batch_size: Optional[int], mechanism: Mechanism) -> None:
+    """Refuses a missing (private mechanism) or non-positive ``expected_batch_size``.
+
+    Example: ``DPOptimizer(DPSGD(1.0, 1.0), 0.1)`` raises; ``DPOptimizer(NonPrivate(), 0.1)``
+    does not.
+    """
+    if expected_batch_size is None:
+        if mechanism.l2_norm_clip is not None:
+            raise ValueError(
+                f"DPOptimizer needs expected_batch_size for the private mechanism {mechanism.name!r} "
+                f"(l2_norm_clip={mechanism.l2_norm_clip}), got expected_batch_size=None: dividing by each "
+                "batch's actual size would make the update depend on the (private) batch size; pass the "
+                "fixed expected batch size B (the sampling rate q times the dataset size)"
+            )
+        return
+    if isinstance(expected_batch_size, bool) or int(expected_batch_size) != expected_batch_size or expected_batch_size < 1:
+        raise ValueError(f"expected_batch_size must be a positive integer, got {expected_batch_size!r}")
+
+
 class DPOptimizer(tf.keras.optimizers.SGD):
     """SGD whose ``minimize`` clips per example and applies a mechanism's noise.
 
     Args:
       mechanism: the update rule (non-private, DP-SGD, a sparse mechanism).
       learning_rate: float or ``LearningRateSchedule``.
-      expected_batch_size: ``B`` of the update ``theta -= lr * G / B``. Set it
-        for Poisson sampling (the batch size varies; DP needs the fixed
-        expectation); ``None`` divides by the actual batch size.
+      expected_batch_size: ``B`` of the update ``theta -= lr * G / B``.
+        Required for any private mechanism (one that clips,
+        ``mechanism.l2_norm_clip`` set): under Poisson sampling the batch
+        size varies and is itself private, so the update must divide by
+        the fixed expectation (Abadi et al. 2016, the ``L`` of DP-SGD's
+        ``g / L``). Only non-private training may leave it ``None``, which
+        divides by the actual batch size.
       momentum: SGD momentum; must be 0 for mechanisms that need plain SGD
         on tables (the mechanism refuses otherwise).
       dense_optimizer: optional optimizer for the non-table variables (e.g.
@@ -81,8 +108,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
                 )
         if not isinstance(mechanism, Mechanism):
             raise TypeError(f"mechanism must be a tfdp_sparse Mechanism, got {type(mechanism).__name__}")
-        if expected_batch_size is not None and (int(expected_batch_size) != expected_batch_size or expected_batch_size < 1):
-            raise ValueError(f"expected_batch_size must be a positive integer, got {expected_batch_size!r}")
+        _check_expected_batch_size(expected_batch_size, mechanism)
         super().__init__(learning_rate=learning_rate, momentum=momentum, name=name, **kwargs)
         self.mechanism = mechanism
         self.expected_batch_size = expected_batch_size

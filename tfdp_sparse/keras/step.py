@@ -22,6 +22,13 @@ PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 class PrivateStep:
     """A compiled (``tf.function``) training step: forward, clip, noise, apply.
 
+    The first call (tracing) raises ``UnsupportedLayerError`` (a
+    ``ValueError`` naming the layer) if the private step would change or use
+    a variable without per-example clipping: for private mechanisms any layer
+    holding variables outside ``Dense`` / ``Embedding`` / ``DPEmbedding``
+    (e.g. ``BatchNormalization``), and always a table also read outside its
+    lookups (tied weights); see :mod:`tfdp_sparse.clipping.coverage`.
+
     Args:
       model: a Keras model built from supported layers.
       loss_fn: ``loss_fn(labels, predictions) -> [B]`` per-example losses.

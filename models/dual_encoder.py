@@ -26,35 +26,40 @@ Towers:
   ``True`` uses the context table for labels too (half the parameters, and a
   movie's row learns from both roles).
 
-Loss and per-example clipping. DP-SGD clips the gradient of *one example's*
-loss, so that loss may depend on the parameters and that example only.
+Loss and sensitivity. DP-SGD's analysis needs the *sum of clipped
+per-example gradients* ``S(D) = sum_i clip_C(g_i)`` to move by at most ``C``
+when one example is added or removed, so example ``i``'s loss may depend on
+the parameters, on example ``i`` and on public randomness only. Only the
+positive label row receives gradient in every mode (negatives enter through
+``tf.stop_gradient``), so updates stay sparse and the ghost norms are exact.
 
-* ``negatives="in_batch"`` (default): example ``i``'s logits are
-  ``c_i . l_j`` for every label ``l_j`` of the batch, target ``j = i``. The
-  off-diagonal label vectors enter through ``tf.stop_gradient``: example
-  ``i``'s gradient flows only into its own context rows, the context-tower
-  dense layers and its *own* label row (the negatives are treated as
-  constants, as in sampled softmax with a fixed candidate set). So each
-  example's gradient is a function of its own rows, the ghost norms are its
-  exact norms, and the clipped sum has norm contribution at most ``C`` per
-  example. What stop_gradient does *not* remove: the *value* of example
-  ``i``'s gradient depends on the other labels of its batch (they are its
-  negatives). Formally, adding or removing one example also changes the
-  negatives of the other examples in its batch, which the standard DP-SGD
-  analysis (and the toolkit's accounting, like the EANA paper's practice)
-  does not charge for: treat the reported epsilon of in-batch training as
-  the usual approximation. Labels of the batch equal to the example's own
-  label (accidental hits) are masked out of its negatives
-  (``remove_accidental_hits``).
-* ``negatives="full"``: the logits are against every movie of the label
-  table (rows ``1..V``; the padding row is masked). This reads the *whole*
-  label table every step (a dense read, O(V d) per step — an option, not the
-  default). The negatives are model parameters, not data, so here the
-  per-example loss depends on the example alone and the analysis is exact.
-  Again only the positive row receives gradient (the table enters the
-  negative logits through ``stop_gradient``), which keeps the update sparse.
-  LazyDP cannot be combined with it (rows would be read before their
-  deferred noise is applied); the trainers refuse that pair.
+* ``negatives="full"`` (default): the logits are against every movie of the
+  label table (rows ``1..V``; padding row 0 masked). The negatives are model
+  parameters, not data: ``S`` moves by ``<= C`` (measured 1.00 C, see
+  ``tests/test_sensitivity_negatives.py``). It reads the whole label table
+  every step (``O(V d)``, 3.5 M multiply-adds per example at MovieLens-20M
+  size and ``d = 128``), through :meth:`DPEmbedding.read_table`, so deferred
+  (LazyDP) noise is applied before the read.
+* ``negatives="sampled"``: ``num_negatives`` movie ids ``K`` drawn i.i.d. per
+  step from a public distribution over ``1..V`` (``negative_distribution``:
+  uniform, or log-uniform ``P(m) = log((m+1)/m) / log(V+1)`` favouring low
+  ids), shared by the whole batch and drawn by the model's own generator
+  ``negative_sampler`` (seeded from ``seed``), independently of the data.
+  Logits ``[B, 1 + K]``: the positive, then the negatives (a negative equal to
+  the label is masked), each minus ``log(K Q(m))`` (the sampled-softmax
+  correction; a constant for uniform). For any fixed draw the per-example
+  loss depends on the example alone, so ``S`` moves by ``<= C``; the
+  negatives need not be secret. It reads ``K`` rows, each caught up by
+  LazyDP's read hook first: LazyDP's choice (the trainers refuse lazydp with
+  ``"full"``, which would catch up every row at every step).
+* ``negatives="in_batch"``: example ``i``'s logits are ``c_i . l_j`` for every
+  label ``l_j`` of the batch, target ``j = i`` (accidental hits masked with
+  ``remove_accidental_hits``). Adding one example changes the *other*
+  examples' losses (it becomes their negative), so ``S`` moves by ``C`` plus
+  up to ``2 C`` per other example of the batch (measured 6.2 C with 8 others,
+  an adversarial search over the added example): the sensitivity is not
+  bounded by ``C`` and the trainers print ``"epsilon": null`` for it. Kept
+  for comparison with non-private work.
 
 Non-private SGD trains the same surrogate, so runs are comparable.
 
@@ -62,26 +67,46 @@ Metrics: :func:`precision_recall_at_k` over the full catalogue (padding id 0
 excluded); one relevant movie per example, so ``recall@k`` is the hit rate
 and ``precision@k = recall@k / k``.
 
+References: EANA (Ghazi et al. 2023) §4.1.2 for the model; Abadi et al.
+2016 (DP-SGD) for the per-example sensitivity; Jean et al. 2015 / Bengio and
+Senécal 2008 for the sampled-softmax correction.
+
 Example::
 
     model = build_dual_encoder(DualEncoderConfig(num_rows=1001, context_length=3, dim=16))
     logits = model({"context": tf.constant([[3, 7, -1]] * 2),
-                    "label": tf.constant([5, 9])}, training=True)  # [2, 2]
+                    "label": tf.constant([5, 9])}, training=True)  # [2, 1001]
     loss = model.per_example_loss(tf.constant([5, 9]), logits)       # [2]
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import math
 from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse.layers import DPEmbedding
+from tfdp_sparse.layers import DPEmbedding, FlushedReadsMixin
 
 CONTEXT_TOWERS = ("bow", "transformer")
-NEGATIVES = ("in_batch", "full")
+NEGATIVES = ("full", "sampled", "in_batch")
+#: negatives whose sum of clipped gradients moves by at most C per example.
+BOUNDED_NEGATIVES = ("full", "sampled")
+IN_BATCH_NOTE = (
+    "not available: negatives='in_batch' breaks the sensitivity bound (adding one example changes the other "
+    "examples' softmax losses, so the sum of clipped gradients can move by up to (2B - 1) C, not C); use "
+    "negatives='full' or 'sampled' for a differentially private run"
+)
+
+
+class NegativeDistribution(str, enum.Enum):
+    """Public distribution of sampled negatives over movie ids ``1..V``."""
+
+    UNIFORM = "uniform"
+    LOG_UNIFORM = "log_uniform"
 DEFAULT_KS = (1, 5, 10, 20)
 _MASKED_LOGIT = -1e9
 
@@ -100,7 +125,10 @@ class DualEncoderConfig:
       context_tower: ``"bow"`` or ``"transformer"``.
       context_dense: a linear ``Dense(dim)`` on top of the pooled context.
       share_embeddings: one table for context and label towers.
-      negatives: ``"in_batch"`` or ``"full"`` (see the module docstring).
+      negatives: ``"full"`` (default), ``"sampled"`` or ``"in_batch"`` (see
+        the module docstring; only the first two bound the sensitivity by C).
+      num_negatives: ``K``, sampled negatives per step (``"sampled"``).
+      negative_distribution: a :class:`NegativeDistribution` (or its value).
       remove_accidental_hits: mask in-batch negatives equal to the label.
       ffn_dim: width of the transformer's feed-forward layer.
       init_scale: std of the embedding initialiser.
@@ -113,13 +141,23 @@ class DualEncoderConfig:
     context_tower: str = "bow"
     context_dense: bool = True
     share_embeddings: bool = False
-    negatives: str = "in_batch"
+    negatives: str = "full"
+    num_negatives: int = 100
+    negative_distribution: NegativeDistribution = NegativeDistribution.UNIFORM
     remove_accidental_hits: bool = True
     ffn_dim: int = 256
     init_scale: float = 0.05
 
+    def __post_init__(self):
+        try:
+            distribution = NegativeDistribution(self.negative_distribution)
+        except ValueError:
+            raise ValueError(f"negative_distribution must be one of {[d.value for d in NegativeDistribution]}, "
+                             f"got {self.negative_distribution!r}") from None
+        object.__setattr__(self, "negative_distribution", distribution)
+
     def validate(self) -> "DualEncoderConfig":
-        for name in ("num_rows", "context_length", "dim", "ffn_dim"):
+        for name in ("num_rows", "context_length", "dim", "ffn_dim", "num_negatives"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -215,12 +253,20 @@ class SelfAttentionTower(tf.keras.layers.Layer):
         return config
 
 
-class DualEncoder(tf.keras.Model):
+class DualEncoder(FlushedReadsMixin, tf.keras.Model):
     """``{"context": int [B, L], "label": int [B]}`` -> softmax logits.
 
-    In-batch negatives give logits ``[B, B]`` (target: the diagonal), the
-    full catalogue ``[B, num_rows]`` (target: the label; column 0 masked).
-    Use :meth:`per_example_loss` as the loss of the private step.
+    The full catalogue gives logits ``[B, num_rows]`` (target: the label;
+    column 0 masked), sampled negatives ``[B, 1 + K]`` (target: column 0),
+    in-batch negatives ``[B, B]`` (target: the diagonal). Use
+    :meth:`per_example_loss` as the loss of the private step.
+
+    Every public read sees the tables as a read outside training would
+    (LazyDP's pending noise applied first): calls and ``encode_*`` with
+    ``training`` falsy run the tables' inference hooks, :meth:`label_table`
+    and :meth:`catalogue_scores` read through ``DPEmbedding.read_table``,
+    ``get_weights`` / ``save_weights`` flush every table
+    (:class:`~tfdp_sparse.layers.FlushedReadsMixin`).
     """
 
     def __init__(self, config: DualEncoderConfig, seed: int = 0, **kwargs):
@@ -245,6 +291,8 @@ class DualEncoder(tf.keras.Model):
         if config.context_tower == "transformer":
             self.tower = SelfAttentionTower(config.dim, config.context_length, config.ffn_dim, seed=self.seed + 10,
                                             init_scale=config.init_scale, name="self_attention")
+        # Public randomness (need not be secret): the sampled negatives, independent of the data.
+        self.negative_sampler = tf.random.Generator.from_seed(self.seed + 4)
         self.context_projection = None
         if config.context_dense:
             self.context_projection = tf.keras.layers.Dense(
@@ -271,9 +319,36 @@ class DualEncoder(tf.keras.Model):
             return self.context_embedding(ids[:, tf.newaxis], training=training)
         return self.label_embedding(ids, training=training)
 
-    def label_table(self) -> tf.Tensor:
-        """The whole label table ``[num_rows, dim]`` (a dense read: evaluation / full softmax)."""
-        return tf.convert_to_tensor(self.label_embedding.embeddings)
+    def label_table(self, training=None) -> tf.Tensor:
+        """The whole label table ``[num_rows, dim]`` (a dense read: evaluation / full softmax).
+
+        Read through ``DPEmbedding.read_table``: outside training LazyDP's
+        pending noise is applied to every row first; while training every
+        row is caught up.
+        """
+        return self.label_embedding.read_table(training=training)
+
+    def sample_negatives(self) -> tf.Tensor:
+        """``K`` movie ids in ``1..V`` from ``negative_distribution`` (one draw of ``negative_sampler``).
+
+        Example: ``V = 3`` (``num_rows = 4``), log-uniform: ``P = (.50, .29, .21)``
+        for ids 1, 2, 3 (``log2(2/1), log2(3/2), log2(4/3)`` over ``log2(4)``).
+        """
+        k, movies = self.config.num_negatives, self.config.num_rows - 1
+        if self.config.negative_distribution is NegativeDistribution.UNIFORM:
+            return self.negative_sampler.uniform([k], minval=1, maxval=movies + 1, dtype=tf.int64)
+        u = self.negative_sampler.uniform([k], dtype=tf.float64)
+        ids = tf.cast(tf.floor(tf.exp(u * math.log(movies + 1.0))), tf.int64)  # P(id <= m) = log(m+1)/log(V+1)
+        return tf.clip_by_value(ids, 1, movies)
+
+    def negative_log_expected_count(self, ids: tf.Tensor) -> tf.Tensor:
+        """``log(K Q(id))`` for ids in ``1..V``: the sampled-softmax correction."""
+        k, movies = self.config.num_negatives, self.config.num_rows - 1
+        if self.config.negative_distribution is NegativeDistribution.UNIFORM:
+            return tf.fill(tf.shape(ids), math.log(k / movies))
+        m = tf.cast(ids, tf.float64)
+        q = tf.math.log1p(1.0 / m) / math.log(movies + 1.0)
+        return tf.cast(tf.math.log(k * q), tf.float32)
 
     # -- logits and loss --------------------------------------------------------
 
@@ -284,24 +359,34 @@ class DualEncoder(tf.keras.Model):
         l = self.encode_label(label, training=training)
         if self.config.negatives == "in_batch":
             return in_batch_logits(c, l, label if self.config.remove_accidental_hits else None)
-        return full_catalogue_logits(c, l, label, self.label_table())
+        if self.config.negatives == "sampled":
+            negatives = self.sample_negatives()
+            rows = self.label_embedding.read_rows(negatives, training=training)
+            correction = (self.negative_log_expected_count(label), self.negative_log_expected_count(negatives))
+            return sampled_logits(c, l, label, negatives, rows, correction)
+        return full_catalogue_logits(c, l, label, self.label_table(training=training))
 
     def per_example_loss(self, labels, logits) -> tf.Tensor:
         """Softmax cross-entropy per example ``[B]`` for this model's logits."""
         labels = tf.reshape(tf.cast(labels, tf.int64), [-1])
         if self.config.negatives == "in_batch":
             targets = tf.range(tf.shape(logits, out_type=tf.int64)[0])
+        elif self.config.negatives == "sampled":
+            targets = tf.zeros_like(labels)
         else:
             targets = labels
         return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=targets, logits=logits)
 
     def catalogue_scores(self, context, training=False) -> tf.Tensor:
         """Scores ``[B, num_rows]`` of every movie for each context (column 0 = -1e9)."""
-        scores = tf.matmul(self.encode_context(context, training=training), self.label_table(), transpose_b=True)
+        scores = tf.matmul(self.encode_context(context, training=training), self.label_table(training=training),
+                           transpose_b=True)
         return scores + _padding_mask(self.config.num_rows)
 
     def get_config(self):
-        return {"config": dataclasses.asdict(self.config), "seed": self.seed, "name": self.name}
+        config = dataclasses.asdict(self.config)
+        config["negative_distribution"] = self.config.negative_distribution.value
+        return {"config": config, "seed": self.seed, "name": self.name}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -350,6 +435,25 @@ def full_catalogue_logits(context: tf.Tensor, labels_emb: tf.Tensor, label_ids: 
     onehot = tf.one_hot(tf.reshape(label_ids, [-1]), tf.shape(table)[0], dtype=logits.dtype)
     logits += onehot * (positive - tf.stop_gradient(positive))[:, tf.newaxis]  # value 0, gradient to l_i
     return logits + _padding_mask(int(table.shape[0]))
+
+
+def sampled_logits(context: tf.Tensor, labels_emb: tf.Tensor, label_ids: tf.Tensor, negative_ids: tf.Tensor,
+                   negative_rows: tf.Tensor, log_expected: tuple) -> tf.Tensor:
+    """``[B, 1 + K]`` sampled-softmax logits: the positive, then ``K`` shared negatives.
+
+    ``logits[i, 0] = c_i . l_i - log_expected[0][i]`` (gradient to ``c_i`` and
+    ``l_i``), ``logits[i, 1 + j] = c_i . stop_gradient(n_j) - log_expected[1][j]``,
+    masked where ``negative_ids[j] == label_ids[i]`` (accidental hit).
+
+    Example: ``c = [[1, 0]]``, ``l = [[2, 0]]``, label 3, negatives ids
+    ``[3, 5]`` with rows ``[[2, 0], [1, 1]]``, corrections 0 ->
+    ``[[2, -1e9, 1]]``.
+    """
+    positive = tf.reduce_sum(context * labels_emb, axis=-1) - log_expected[0]
+    negative = tf.matmul(context, tf.stop_gradient(negative_rows), transpose_b=True) - log_expected[1][tf.newaxis, :]
+    hit = tf.equal(tf.reshape(label_ids, [-1, 1]), tf.reshape(negative_ids, [1, -1]))
+    negative = tf.where(hit, _MASKED_LOGIT, negative)
+    return tf.concat([positive[:, tf.newaxis], negative], axis=1)
 
 
 def build_dual_encoder(config: DualEncoderConfig, seed: int = 0) -> DualEncoder:

@@ -19,9 +19,22 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.layers import DPEmbedding
+from tfdp_sparse.layers import DPEmbedding, FlushedReadsMixin
 
 NUM_DENSE = 13
+
+
+class PctrModel(FlushedReadsMixin, tf.keras.Model):
+    """The functional pCTR model whose dense reads see no pending noise.
+
+    Every public read applies LazyDP's deferred noise first: calls with
+    ``training`` falsy (``predict``, ``evaluate``, :class:`PctrServing`) run
+    the tables' inference hooks; ``get_weights`` / ``save_weights`` flush
+    every table (:class:`tfdp_sparse.layers.FlushedReadsMixin`); tracing for a
+    SavedModel refuses while noise is pending. Only a raw
+    ``variable.numpy()`` bypasses this (flush with
+    ``tfdp_sparse.keras.lazy.flush_all(model)`` first).
+    """
 
 
 def embedding_dim(vocab_size: int) -> int:
@@ -65,8 +78,8 @@ class PctrConfig:
         return self
 
 
-def build_pctr_model(config: PctrConfig, seed: int = 0) -> tf.keras.Model:
-    """Functional Keras model ``{"cat": int [B, F], "dense": float [B, D]} -> logit [B, 1]``."""
+def build_pctr_model(config: PctrConfig, seed: int = 0) -> PctrModel:
+    """Functional :class:`PctrModel` ``{"cat": int [B, F], "dense": float [B, D]} -> logit [B, 1]``."""
     config.validate()
     num_cat = len(config.vocab_sizes)
     cat = tf.keras.Input(shape=(num_cat,), dtype=tf.int64, name="cat")
@@ -91,7 +104,7 @@ def build_pctr_model(config: PctrConfig, seed: int = 0) -> tf.keras.Model:
     logit = tf.keras.layers.Dense(
         1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + 999), name="logit"
     )(h)
-    return tf.keras.Model({"cat": cat, "dense": dense}, logit, name="pctr")
+    return PctrModel({"cat": cat, "dense": dense}, logit, name="pctr")
 
 
 def per_example_loss(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:

@@ -68,7 +68,7 @@ def _dense(g, var):
 
 
 @pytest.mark.parametrize("tower,negatives,share", [("bow", "in_batch", False), ("transformer", "in_batch", True),
-                                                   ("bow", "full", False)])
+                                                   ("bow", "full", False), ("transformer", "sampled", False)])
 def test_per_example_gradients_are_own_rows_and_ghost_clipping_is_exact(tower, negatives, share):
     rows, length = 13, 4
     cfg = de.DualEncoderConfig(num_rows=rows, context_length=length, dim=6, ffn_dim=8, context_tower=tower,
@@ -80,6 +80,7 @@ def test_per_example_gradients_are_own_rows_and_ghost_clipping_is_exact(tower, n
     before = [v.numpy().astype(np.float64) for v in variables]
 
     # Brute force: each example's loss differentiated inside the batch forward pass.
+    model.negative_sampler.reset_from_seed(5)  # sampled negatives: the same draw for both computations
     with tf.GradientTape(persistent=True) as tape:
         loss = model.per_example_loss(x["label"], model(x, training=True))
         losses = [loss[i] for i in range(n)]  # sliced under the tape
@@ -99,6 +100,7 @@ def test_per_example_gradients_are_own_rows_and_ghost_clipping_is_exact(tower, n
     # The DP optimizer (ghost norms, no noise, lr 1, B = n): theta -= sum_i clip(g_i) / n.
     opt = DPOptimizer(DPSGD(noise_multiplier=0.0, l2_norm_clip=clip, seed=0), learning_rate=1.0,
                       expected_batch_size=n)
+    model.negative_sampler.reset_from_seed(5)
     PrivateStep(model, model.per_example_loss, opt)(x, x["label"])
     for v, b, e in zip(variables, before, expected):
         np.testing.assert_allclose(b - v.numpy(), e / n, rtol=2e-4, atol=1e-6, err_msg=v.name)
@@ -152,7 +154,7 @@ def test_get_config_round_trips():
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="negatives"):
-        de.DualEncoderConfig(num_rows=5, negatives="sampled").validate()
+        de.DualEncoderConfig(num_rows=5, negatives="in_catalogue").validate()
     with pytest.raises(ValueError, match="num_rows"):
         de.DualEncoderConfig(num_rows=1).validate()
     from trainers import train_dual_encoder as tde
@@ -195,3 +197,22 @@ def test_trainer_end_to_end_sgd_and_dpsgd():
     assert dp["epsilon"] > 0 and dp["noise_multiplier"] == 1.0
     # dense DP-SGD writes both whole tables (151 rows x 8, twice) plus nothing else of a table
     assert dp["gradient_size"] == 2 * 151 * 8
+    assert dp["negatives"] == "full"  # the default: sensitivity C
+    assert dp["privacy_unit"] == "example" and "many examples" in dp["privacy_unit_note"]
+
+
+def test_trainer_in_batch_reports_no_epsilon_and_lazydp_defaults_to_sampled(capsys):
+    from trainers import loop as loop_lib
+    from trainers import train_dual_encoder as tde
+    run = tde.DualEncoderRun(
+        privacy=PrivacyConfig(algorithm="dpsgd", noise_multiplier=1.0),
+        loop=loop_lib.LoopConfig(batch_size=16, steps=2, learning_rate=1.0, calibrate_noise=False),
+        data=tde.DataConfig(num_users=100, num_movies=60, num_examples=200, num_eval_examples=50, context_length=4),
+        model=de.DualEncoderConfig(num_rows=2, context_length=4, dim=4, negatives="in_batch"),
+    )
+    tde.train_and_evaluate(run)
+    in_batch = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the printed JSON line
+    assert in_batch["epsilon"] is None and "sensitivity" in in_batch["epsilon_note"]
+    lazy = _run_trainer("lazydp", "--noise_multiplier=1.0", "--num_negatives=10")
+    assert lazy["negatives"] == "sampled" and lazy["num_negatives"] == 10 and lazy["epsilon"] > 0
+    assert lazy["negative_distribution"] == "uniform"

@@ -442,3 +442,17 @@ def test_command_line_bad_setting_exits_with_message():
     assert proc.returncode == 2
     assert "error: noise_multiplier must be >= 0, got -1.0" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_report_names_what_is_not_private_and_outside_the_guarantee():
+    rows = [
+        {"algorithm": "dpsgd", "private": False, "epsilon": 1.0,
+         "not_private_reasons": ["reproducible noise (noise_seed=3): every noise draw and batch is a public "
+                                 "function of the seed"]},
+        {"algorithm": "lazydp", "private": True, "epsilon": 1.0, "outside_guarantee": ["vocabulary file v.json"]},
+    ]
+    table = report.format_table(rows)
+    assert table.splitlines()[0].split() == ["algorithm", "private", "epsilon"]
+    assert table.splitlines()[2].split() == ["dpsgd", "False", "1"]
+    assert "dpsgd: not private: reproducible noise (noise_seed=3)" in table
+    assert "lazydp: outside the guarantee: vocabulary file v.json" in table

@@ -2,8 +2,14 @@
 
 A mechanism that defers noise (LazyDP) holds rows whose noise has not been
 applied yet; exporting them would reveal which rows were never touched.
-:func:`export_saved_model` refuses when ``mechanism.has_pending()`` is true,
-so callers flush first (``mechanism.flush()``).
+:func:`export_saved_model` refuses when a mechanism has pending noise — the
+one passed, or, without one, every LazyDP mechanism bound to the layers of
+``module`` — so callers flush first (``mechanism.flush()``). Independently,
+tracing a ``DPEmbedding`` read for a SavedModel while its table owes noise
+raises (LazyDP's hooks), which also covers serving wrappers such as
+``models.pctr.PctrServing`` that hold variables rather than layers. The
+export never contains the mechanism's state (noise generator, history):
+only the module's own variables are saved.
 
 Example::
 
@@ -33,7 +39,15 @@ def ensure_no_pending_noise(mechanism: Optional[object], action: str = "export")
 
 
 def export_saved_model(module: tf.Module, export_dir: str, mechanism: Optional[object] = None, signatures=None) -> str:
-    """Saves ``module`` as a SavedModel after checking nothing is pending."""
-    ensure_no_pending_noise(mechanism)
+    """Saves ``module`` as a SavedModel after checking nothing is pending.
+
+    ``mechanism=None`` checks the LazyDP mechanisms bound to ``module``'s
+    layers instead (none for a module that only holds variables: then the
+    trace-time refusal of ``DPEmbedding`` reads is the guard).
+    """
+    from tfdp_sparse.mechanisms.lazydp import bound_mechanisms  # lazydp imports this module lazily
+
+    for mech in [mechanism] if mechanism is not None else bound_mechanisms(module):
+        ensure_no_pending_noise(mech)
     tf.saved_model.save(module, export_dir, signatures=signatures)
     return export_dir

@@ -14,6 +14,7 @@ COLUMNS = (
     ("algorithm", "algorithm"),
     ("auc", "AUC"),
     ("bayes_optimal_auc", "optimum AUC"),
+    ("private", "private"),
     ("epsilon", "epsilon"),
     ("delta", "delta"),
     ("noise_multiplier", "sigma"),
@@ -48,6 +49,9 @@ def format_table(rows: list[dict]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     notes = [f"{r['algorithm']}: {r['epsilon_note']}" for r in rows if r.get("epsilon_note")]
+    notes += [f"{r['algorithm']}: not private: {reason}" for r in rows for reason in r.get("not_private_reasons", [])
+              if reason != r.get("epsilon_note", "").removeprefix("not available: ")]
+    notes += [f"{r['algorithm']}: outside the guarantee: {item}" for r in rows for item in r.get("outside_guarantee", [])]
     notes += [f"{r['algorithm']}: {r['stop_reason']}" for r in rows
               if str(r.get("stop_reason", "")).startswith("privacy budget")]
     return "\n".join(lines + ([""] + notes if notes else []))

@@ -19,8 +19,18 @@ well defined (Poisson sampling over a fixed data set). The privacy unit is
 one example, not one user.
 
 Model: :mod:`models.dual_encoder` (bag-of-words or self-attention context
-tower, lookup label tower, in-batch or full-catalogue softmax; see its
-docstring for how per-example clipping stays exact with in-batch negatives).
+tower, lookup label tower). Negatives (``--negatives``): the full-catalogue
+softmax by default, ``sampled`` (``--num_negatives`` ids per step from a
+public uniform / log-uniform distribution, shared by the batch) by default
+for LazyDP (which refuses ``full``: it would catch every row up at every
+step); both keep the sum of clipped gradients within ``C`` of its neighbour.
+``in_batch`` does not (one example is every other example's negative), so
+its JSON line has ``"epsilon": null`` and says why.
+
+Privacy unit: one *example*. A MovieLens user contributes many examples
+(every sampled position of their timeline), so the guarantee per user is
+weaker (group privacy); the JSON line says so (``privacy_unit``,
+``privacy_unit_note``).
 
 Prints progress, then one JSON line (also written to ``--metrics_out``): the
 pCTR trainer's fields (``algorithm, epsilon, delta, noise_multiplier, steps,
@@ -85,10 +95,15 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_enum("context_tower", "bow", list(dual_encoder.CONTEXT_TOWERS), "context encoder", **fv)
     flags.DEFINE_boolean("context_dense", True, "a Dense(dim) on top of the pooled context", **fv)
     flags.DEFINE_boolean("share_embeddings", False, "one table for the context and label towers", **fv)
-    flags.DEFINE_enum("negatives", "in_batch", list(dual_encoder.NEGATIVES),
-                      "softmax over in-batch labels, or over the full catalogue (reads the whole label table "
-                      "every step)", **fv)
-    flags.DEFINE_integer("seed", 0, "seed of data, initialisation and noise", **fv)
+    flags.DEFINE_enum("negatives", None, list(dual_encoder.NEGATIVES),
+                      "softmax negatives: the full catalogue (reads the whole label table every step), 'sampled' "
+                      "(public, shared by the batch) or 'in_batch' (sensitivity not bounded by C: epsilon null). "
+                      "Default: 'sampled' for lazydp, else 'full'", **fv)
+    flags.DEFINE_integer("num_negatives", 100, "negatives='sampled': movie ids drawn per step", **fv)
+    flags.DEFINE_enum("negative_distribution", dual_encoder.NegativeDistribution.UNIFORM.value,
+                      [d.value for d in dual_encoder.NegativeDistribution],
+                      "negatives='sampled': public distribution over movie ids (log_uniform favours low ids)", **fv)
+    flags.DEFINE_integer("seed", 0, "seed of data, initialisation and evaluation sampling (never of the noise or the batches: see --noise_seed)", **fv)
     flags.DEFINE_string("model_dir", None, "checkpoints (model, optimizer, noise state, ledger); resumes if present",
                         **fv)
     flags.DEFINE_integer("checkpoint_every", 1000, "steps between checkpoints", **fv)
@@ -173,13 +188,25 @@ def example_features(arrays, idx):
     return x, x["label"]
 
 
+PRIVACY_UNIT_NOTE = (
+    "one example (a context and its next movie); a MovieLens user contributes many examples, so a user's "
+    "whole history is protected only by group privacy over their number of examples"
+)
+
+
+def default_negatives(algorithm: str) -> str:
+    """``"sampled"`` for LazyDP (which refuses ``"full"``), ``"full"`` otherwise; both bound the sensitivity by C."""
+    return "sampled" if algorithm == "lazydp" else "full"
+
+
 def check_compatible(privacy: PrivacyConfig, model: dual_encoder.DualEncoderConfig) -> None:
-    """Refuses algorithm/model pairs that would break an algorithm's guarantee."""
+    """Refuses algorithm/model pairs that would break an algorithm's guarantee or defeat its purpose."""
     if privacy.algorithm == "lazydp" and model.negatives == "full":
         raise ValueError(
             "algorithm='lazydp' with negatives='full' is refused: the full-catalogue softmax reads every label row "
-            "each step, before LazyDP has applied the rows' deferred noise, so the run would not be DP-SGD's "
-            "distribution. Use negatives='in_batch' or algorithm='dpsgd'"
+            "each step, so LazyDP would catch every row's deferred noise up at every step (dense DP-SGD's cost, "
+            "none of LazyDP's saving). Use negatives='sampled' (public negatives, sensitivity C) or "
+            "algorithm='dpsgd'"
         )
     if privacy.algorithm in ("dpfest", "adafest_plus") and privacy.knob("selection_epsilon") is not None:
         raise ValueError(
@@ -223,10 +250,30 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
     extra.update({k: round(v, 5) for k, v in quality.items()})
     extra.update(context_tower=run.model.context_tower, negatives=run.model.negatives,
                  share_embeddings=run.model.share_embeddings)
+    if run.model.negatives == "sampled":
+        extra.update(num_negatives=run.model.num_negatives,
+                     negative_distribution=run.model.negative_distribution.value)
+    extra.update(privacy_unit="example", privacy_unit_note=PRIVACY_UNIT_NOTE)
     metrics = summary.metrics_line(result, auc=None, dense_embedding_values=dense_embedding_values(model),
                                    extra=extra)
     metrics.pop("auc", None)
+    metrics = label_sensitivity(metrics, run.model)
     summary.emit(metrics, run.metrics_out)
+    return metrics
+
+
+def label_sensitivity(metrics: dict, model: dual_encoder.DualEncoderConfig) -> dict:
+    """``metrics`` with ``epsilon`` set to ``None`` (and why) when the negatives break the sensitivity bound.
+
+    In-batch negatives make each example a negative of the others, so the
+    sum of clipped gradients moves by up to ``(2B - 1) C`` (measured 6.2 C at ``B = 9``):
+    the accountant's epsilon, which assumes ``C``, would be wrong.
+    Example: ``label_sensitivity({"epsilon": 3.1}, in_batch_config)`` ->
+    ``{"epsilon": None, "epsilon_note": "not available: negatives='in_batch' ..."}``.
+    """
+    if model.negatives in dual_encoder.BOUNDED_NEGATIVES or metrics.get("epsilon") is None:
+        return metrics
+    metrics.update(epsilon=None, epsilon_note=dual_encoder.IN_BATCH_NOTE)
     return metrics
 
 
@@ -244,7 +291,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
     privacy = common_flags.privacy_from_flags(fv)
     loop = loop_lib.LoopConfig(
         batch_size=fv.batch_size, steps=steps, learning_rate=fv.learning_rate, seed=fv.seed,
-        model_dir=fv.model_dir, checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
+        noise_seed=fv.noise_seed, model_dir=fv.model_dir, checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
         dense_optimizer=fv.dense_optimizer, dense_learning_rate=fv.dense_learning_rate,
         calibrate_noise=fv.noise_multiplier is None,
     )
@@ -256,7 +303,8 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
     model = dual_encoder.DualEncoderConfig(
         num_rows=2, context_length=fv.context_length, dim=fv.dim, combiner=fv.combiner,
         context_tower=fv.context_tower, context_dense=fv.context_dense, share_embeddings=fv.share_embeddings,
-        negatives=fv.negatives,
+        negatives=fv.negatives or default_negatives(privacy.algorithm), num_negatives=fv.num_negatives,
+        negative_distribution=fv.negative_distribution,
     ).validate()
     return DualEncoderRun(privacy=privacy, loop=loop, data=data, model=model, metrics_out=fv.metrics_out)
 

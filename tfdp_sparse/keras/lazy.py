@@ -21,6 +21,17 @@ Reads with ``training=False`` flush a table by themselves (LazyDP's inference
 hook), and tracing a model for a SavedModel with pending noise raises; the
 callbacks make the flush explicit and cheap to reason about.
 
+Every public read of the toolkit's models goes through a flush (pinned by
+``tests/test_lazy_reads.py``): calls and ``predict`` with ``training`` falsy,
+``DPEmbedding.read_table`` / ``read_rows`` / ``get_weights`` (dense reads
+such as ``DualEncoder.label_table``, catalogue scores, retrieval metrics),
+``get_weights`` / ``save_weights`` of models built on
+``tfdp_sparse.layers.FlushedReadsMixin`` (``DualEncoder``, ``PctrModel``),
+``PctrServing.serve`` and :func:`tfdp_sparse.export.export_saved_model`
+(refuses). The one read that cannot flush is a raw read of the variable
+(``layer.embeddings.numpy()``, ``tf.keras.Model.get_weights`` of a plain
+Keras model): call :func:`flush_all` first.
+
 Example::
 
     mech.bind_model(model)

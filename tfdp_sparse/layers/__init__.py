@@ -1,5 +1,5 @@
 """Toolkit layers."""
 
-from tfdp_sparse.layers.embedding import DPEmbedding
+from tfdp_sparse.layers.embedding import DPEmbedding, FlushedReadsMixin, flush_model_tables
 
-__all__ = ["DPEmbedding"]
+__all__ = ["DPEmbedding", "FlushedReadsMixin", "flush_model_tables"]

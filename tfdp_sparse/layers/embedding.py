@@ -18,7 +18,11 @@ pending noise) register a read hook with :meth:`DPEmbedding.add_read_hook`;
 it is called with the batch's unique ids while training. Hooks registered
 with :meth:`DPEmbedding.add_inference_hook` run before reads outside
 training (``training`` falsy: evaluation, ``predict``, serving), e.g. to
-apply all pending noise before a model is evaluated or exported.
+apply all pending noise before a model is evaluated or exported. Dense reads
+of the whole table go through :meth:`DPEmbedding.read_table` (or
+:meth:`get_weights`, or :func:`flush_model_tables` for every table of a
+model), which run the hooks for every row; a raw read of the variable
+(``layer.embeddings.numpy()``) runs none.
 
 Example::
 
@@ -92,6 +96,67 @@ class DPEmbedding(tf.keras.layers.Layer):
         """Registers ``hook(table, unique_ids)`` to run before reads outside training."""
         self._inference_hooks.append(hook)
 
+    def _hooks(self, training) -> list:
+        return self._read_hooks if training else self._inference_hooks
+
+    def _run_hooks(self, unique_ids: tf.Tensor, training) -> list:
+        """Runs the read (``training``) or inference hooks for ``unique_ids``; returns their ops."""
+        ops = []
+        for hook in self._hooks(training):
+            op = hook(self.embeddings, unique_ids)
+            if op is not None:
+                ops.append(op)
+        return ops
+
+    def read_rows(self, ids, training=None) -> tf.Tensor:
+        """Rows ``[n, d]`` of the ids ``[n]`` (``>= 0``), read like a lookup but without a tap.
+
+        The hooks run first (LazyDP catches the rows up); no tap is recorded,
+        so the rows carry no per-example gradient: for values used under
+        ``tf.stop_gradient`` that are shared by the batch (sampled softmax
+        negatives). Example: ``layer.read_rows(tf.constant([3, 7]))`` -> ``[2, d]``.
+        """
+        ids = tf.reshape(tf.cast(ids, tf.int64), [-1])
+        checks = []
+        if self.validate_ids:
+            checks.append(tf.debugging.assert_less(ids, tf.constant(self.vocab_size, tf.int64),
+                                                   message=f"{self.name}: id outside the table of "
+                                                           f"{self.vocab_size} rows"))
+            checks.append(tf.debugging.assert_non_negative(ids, message=f"{self.name}: negative id in read_rows"))
+        if self._hooks(training):
+            with tf.control_dependencies(checks):
+                checks += self._run_hooks(tf.unique(ids)[0], training)
+        with tf.control_dependencies(checks):
+            return tf.gather(self.embeddings, ids)
+
+    def read_table(self, training=None) -> tf.Tensor:
+        """The whole table ``[V, d]``, read like a lookup of every row (hooks run first).
+
+        The one safe dense read: outside training (``training`` falsy) the
+        inference hooks run for all ``V`` rows, so LazyDP applies every row's
+        pending noise before the value is taken; while training the read
+        hooks catch every row up (correct, at dense cost). No tap is
+        recorded: the value is meant for ``tf.stop_gradient`` uses (catalogue
+        scoring, full-softmax negatives). A raw ``layer.embeddings.numpy()``
+        bypasses the hooks; use this, :meth:`get_weights`, or
+        ``tfdp_sparse.keras.lazy.flush_all(model)`` first.
+
+        Example::
+
+            layer = DPEmbedding(4, 2, embeddings_initializer="ones")
+            layer(tf.constant([0]))
+            layer.read_table().numpy()   # [[1, 1]] * 4, after any pending noise
+        """
+        if not self.built:
+            raise ValueError(f"{self.name}: read_table needs a built layer (call it on a batch first)")
+        ops = self._run_hooks(tf.range(self.vocab_size, dtype=tf.int64), training)
+        with tf.control_dependencies(ops):
+            return self.embeddings.read_value()
+
+    def get_weights(self):
+        """``[table]`` as NumPy, read through :meth:`read_table` (pending noise applied first)."""
+        return [self.read_table(training=False).numpy()] if self.built else []
+
     def _ids_2d(self, inputs) -> tf.Tensor:
         if isinstance(inputs, tf.RaggedTensor):
             inputs = inputs.to_tensor(default_value=-1)
@@ -129,13 +194,8 @@ class DPEmbedding(tf.keras.layers.Layer):
                 )
         valid = ids >= 0
         safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
-        hooks = self._read_hooks if training else self._inference_hooks
-        if hooks:
-            unique_ids, _ = tf.unique(tf.boolean_mask(ids, valid))
-            for hook in hooks:
-                op = hook(self.embeddings, unique_ids)
-                if op is not None:
-                    checks.append(op)
+        if self._hooks(training):
+            checks += self._run_hooks(tf.unique(tf.boolean_mask(ids, valid))[0], training)
         with tf.control_dependencies(checks):
             rows = tf.gather(self.embeddings, safe_ids)  # ResourceGather: [B, L, d]
         taps.record(taps.EmbeddingTap(self.embeddings, ids, rows, self.name))
@@ -160,3 +220,45 @@ class DPEmbedding(tf.keras.layers.Layer):
             validate_ids=self.validate_ids,
         )
         return config
+
+
+def flush_model_tables(model: tf.Module) -> list:
+    """Runs the full-table inference hooks of every built :class:`DPEmbedding` in ``model``.
+
+    After it, raw variable reads (``model.get_weights()``, ``table.numpy()``,
+    ``save_weights``) see every row as a read outside training would (LazyDP:
+    no pending noise). Returns the tables, each once (shared tables included).
+
+    Example::
+
+        flush_model_tables(model)
+        weights = model.get_weights()
+    """
+    seen, tables = set(), []
+    for layer in [model] + list(model.submodules):
+        if isinstance(layer, DPEmbedding) and layer.built and layer.embeddings.ref() not in seen:
+            seen.add(layer.embeddings.ref())
+            layer.read_table(training=False)
+            tables.append(layer.embeddings)
+    return tables
+
+
+class FlushedReadsMixin:
+    """For ``tf.keras.Model`` subclasses: ``get_weights`` / ``save_weights`` flush every table first.
+
+    Keras reads a model's variables directly (not through its layers), so a
+    model whose tables may owe deferred noise (LazyDP) overrides both reads.
+    Put it before ``tf.keras.Model`` in the bases.
+
+    Example::
+
+        class MyModel(FlushedReadsMixin, tf.keras.Model): ...
+    """
+
+    def get_weights(self):
+        flush_model_tables(self)
+        return super().get_weights()
+
+    def save_weights(self, *args, **kwargs):
+        flush_model_tables(self)
+        return super().save_weights(*args, **kwargs)

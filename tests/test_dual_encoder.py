@@ -1,5 +1,6 @@
 """The dual encoder: loss values, exact per-example clipping with in-batch negatives, metrics, trainer."""
 
+import dataclasses
 import json
 import math
 import os
@@ -216,3 +217,20 @@ def test_trainer_in_batch_reports_no_epsilon_and_lazydp_defaults_to_sampled(caps
     lazy = _run_trainer("lazydp", "--noise_multiplier=1.0", "--num_negatives=10")
     assert lazy["negatives"] == "sampled" and lazy["num_negatives"] == 10 and lazy["epsilon"] > 0
     assert lazy["negative_distribution"] == "uniform"
+
+
+def test_movielens_names_what_is_outside_the_guarantee(tmp_path):
+    from trainers import train_dual_encoder as tde
+    ratings = tmp_path / "ratings.csv"
+    lines = ["userId,movieId,rating,timestamp"] + [f"{u},{m},4.0,{10 * u + m}" for u in range(1, 7) for m in range(1, 9)]
+    ratings.write_text("\n".join(lines) + "\n")
+    config = tde.DataConfig(source=str(ratings), num_examples=20, num_eval_examples=5, context_length=3,
+                            test_fraction=0.34)
+    *_, info = tde.load_data(config)
+    outside = info["outside_guarantee"]
+    assert any("movie id space built from the ratings" in item for item in outside)
+    assert any("held-out users" in item for item in outside)
+    movies = tmp_path / "movies.csv"
+    movies.write_text("movieId,title,genres\n" + "".join(f"{m},Movie {m} (1999),Drama\n" for m in range(1, 9)))
+    *_, info = tde.load_data(dataclasses.replace(config, movies=str(movies)))
+    assert not any("movie id space" in item for item in info["outside_guarantee"])

@@ -11,6 +11,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.mechanisms.eana import EANA
+from tfdp_sparse.noise_source import NoiseSource
 
 
 def _zero_loss(y, p):
@@ -58,7 +59,7 @@ def test_exactly_one_noise_draw_per_unique_row():
     out = EANA(sigma, clip, seed=seed).privatize([grad], [table], [True])
     unique = tf.unique(ids)[0].numpy()
     np.testing.assert_array_equal(out.grads[0].indices.numpy(), unique)
-    expected = tf.random.Generator.from_seed(seed).normal([unique.size, d], stddev=sigma * clip).numpy()
+    expected = NoiseSource.reproducible(seed).tf_generator().normal([unique.size, d], stddev=sigma * clip).numpy()
     np.testing.assert_array_equal(out.grads[0].values.numpy(), expected)
     assert out.embedding_values.dtype == tf.int64 and int(out.embedding_values) == unique.size * d
 

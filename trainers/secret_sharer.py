@@ -120,7 +120,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_integer("num_eval_examples", None, "held-out examples for precision@k", **fv)
     flags.DEFINE_integer("dim", 128, "embedding width", **fv)
     flags.DEFINE_enum("context_tower", "bow", list(dual_encoder.CONTEXT_TOWERS), "context encoder", **fv)
-    flags.DEFINE_enum("negatives", "in_batch", list(dual_encoder.NEGATIVES), "softmax negatives", **fv)
+    flags.DEFINE_enum("negatives", "sampled", list(dual_encoder.NEGATIVES),
+                      "softmax negatives: sampled (public negatives, sensitivity C, every algorithm incl. lazydp), "
+                      "full, or in_batch (breaks the sensitivity bound: epsilon n/a)", **fv)
     flags.DEFINE_boolean("share_embeddings", False, "one table for both towers", **fv)
     flags.DEFINE_float("sigma_ratio", 1.0, "DP-AdaFEST: sigma1/sigma2", **fv)
     flags.DEFINE_float("tau_sigmas", 2.0, "DP-AdaFEST: tau in units of sigma1*C1", **fv)
@@ -188,13 +190,17 @@ def run_one(experiment: Experiment, algorithm: str, paper_noise: Optional[float]
     quality = dual_encoder.evaluate_retrieval(model, evaluation)
     report = ss.measure_exposure(planted, dual_encoder.softmax_loss_fn(model))
     epsilon = "n/a" if result.epsilon is None else round(float(result.epsilon), 4)
+    epsilon_note = result.epsilon_note if result.epsilon is None else (
+        f"{experiment.accountant} accountant, delta={result.delta:.3g}")
+    if experiment.model.negatives not in dual_encoder.BOUNDED_NEGATIVES and result.epsilon is not None:
+        epsilon, epsilon_note = "n/a", dual_encoder.IN_BATCH_NOTE
     run_summary = {
         "algorithm": algorithm,
         "paper_noise": paper_noise,
         "noise_multiplier": 0.0 if algorithm == "sgd" else sigma,
         "epsilon": epsilon,
-        "epsilon_note": result.epsilon_note if result.epsilon is None else f"{experiment.accountant} accountant, "
-                                                                           f"delta={result.delta:.3g}",
+        "epsilon_note": epsilon_note,
+        "private": result.private and epsilon != "n/a",
         "delta": result.delta,
         "steps": result.steps,
         "step_ms": round(result.step_ms, 2),

@@ -40,7 +40,6 @@ import dataclasses
 import gzip
 import io
 import json
-import operator
 import os
 import re
 from typing import Iterator, Mapping, NamedTuple, Optional, Sequence, Union
@@ -48,7 +47,13 @@ from typing import Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 import numpy as np
 
 from tfdp_sparse.data.criteo_schema import NUM_CATEGORICAL, NUM_DENSE, NUM_TSV_FIELDS
-from tfdp_sparse.data.vocabulary import MISSING, HashVocabulary, StringVocabulary, Vocabulary
+from tfdp_sparse.data.vocabulary import (
+    MISSING,
+    HashVocabulary,
+    StringVocabulary,
+    Vocabulary,
+    strings_in_id_order,
+)
 
 PathLike = Union[str, os.PathLike]
 
@@ -293,12 +298,7 @@ def vocab_sizes(vocabularies) -> tuple[int, ...]:
 def save_vocabularies(vocabularies, path: PathLike) -> None:
     """Write vocabularies as JSON (strings listed in id order, id = position + 1)."""
     vocabularies = _check_vocabularies(vocabularies)
-    features = []
-    for f, vocab in enumerate(vocabularies):
-        ordered = sorted(vocab.items(), key=operator.itemgetter(1))
-        if [i for _, i in ordered] != list(range(1, len(ordered) + 1)):
-            raise ValueError(f"vocabularies[{f}] ids must be exactly 1..{len(ordered)} (0 is reserved)")
-        features.append([s for s, _ in ordered])
+    features = [strings_in_id_order(vocab, f) for f, vocab in enumerate(vocabularies)]
     payload = {"format": VOCAB_FORMAT, "version": VOCAB_FORMAT_VERSION, "features": features}
     with open(os.fspath(path), "w", encoding="utf-8") as f:
         json.dump(payload, f)

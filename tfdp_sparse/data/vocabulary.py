@@ -167,6 +167,18 @@ class HashVocabulary(Vocabulary):
         return {"vocab": VocabularyKind.HASH.value, "vocab_sizes": list(self._buckets)}
 
 
+def strings_in_id_order(vocab: Mapping[str, int], feature: int) -> list[str]:
+    """The strings of a ``{string: id}`` dict listed by id; ids must be exactly ``1..len`` (0 is reserved).
+
+    >>> strings_in_id_order({"b": 2, "a": 1}, 0)
+    ['a', 'b']
+    """
+    ordered = sorted(vocab.items(), key=operator.itemgetter(1))
+    if [i for _, i in ordered] != list(range(1, len(ordered) + 1)):
+        raise ValueError(f"vocabularies[{feature}] ids must be exactly 1..{len(ordered)} (0 is reserved)")
+    return [s for s, _ in ordered]
+
+
 class StringVocabulary(Vocabulary):
     """Explicit strings per feature: ``strings[f][i]`` gets id ``i + 1``; unknown and missing get 0.
 
@@ -189,13 +201,7 @@ class StringVocabulary(Vocabulary):
     @classmethod
     def from_dicts(cls, vocabularies: Sequence[Mapping[str, int]]) -> "StringVocabulary":
         """From ``{string: id}`` dicts with ids exactly ``1..len`` (``criteo.build_vocabularies`` format)."""
-        strings = []
-        for f, vocab in enumerate(vocabularies):
-            ordered = sorted(vocab.items(), key=operator.itemgetter(1))
-            if [i for _, i in ordered] != list(range(1, len(ordered) + 1)):
-                raise ValueError(f"vocabularies[{f}] ids must be exactly 1..{len(ordered)} (0 is reserved)")
-            strings.append([s for s, _ in ordered])
-        return cls(strings)
+        return cls([strings_in_id_order(vocab, f) for f, vocab in enumerate(vocabularies)])
 
     @property
     def strings(self) -> tuple[tuple[str, ...], ...]:

@@ -200,6 +200,7 @@ def test_trainer_end_to_end_sgd_and_dpsgd():
     assert dp["gradient_size"] == 2 * 151 * 8
     assert dp["negatives"] == "full"  # the default: sensitivity C
     assert dp["privacy_unit"] == "example" and "many examples" in dp["privacy_unit_note"]
+    assert dp["private"] is True and dp["noise_source"] == "os_entropy" and sgd["private"] is False
 
 
 def test_trainer_in_batch_reports_no_epsilon_and_lazydp_defaults_to_sampled(capsys):
@@ -214,6 +215,7 @@ def test_trainer_in_batch_reports_no_epsilon_and_lazydp_defaults_to_sampled(caps
     tde.train_and_evaluate(run)
     in_batch = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the printed JSON line
     assert in_batch["epsilon"] is None and "sensitivity" in in_batch["epsilon_note"]
+    assert in_batch["private"] is False and any("sensitivity" in r for r in in_batch["not_private_reasons"])
     lazy = _run_trainer("lazydp", "--noise_multiplier=1.0", "--num_negatives=10")
     assert lazy["negatives"] == "sampled" and lazy["num_negatives"] == 10 and lazy["epsilon"] > 0
     assert lazy["negative_distribution"] == "uniform"

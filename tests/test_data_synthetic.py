@@ -9,6 +9,7 @@ from scipy import stats
 
 from tfdp_sparse.data import criteo_schema as cs
 from tfdp_sparse.data import synthetic as syn
+from tfdp_sparse.noise_source import NoiseSource
 
 
 # ----------------------------------------------------------------------------
@@ -346,7 +347,7 @@ def test_to_dataset_ordered_and_drop_remainder():
 def test_poisson_batches_size_distribution_and_inclusion():
     n, b, steps = 20_000, 500, 400
     q = b / n
-    ds = syn.poisson_batches(_index_arrays(n), expected_batch_size=b, num_batches=steps, seed=3)
+    ds = syn.poisson_batches(_index_arrays(n), expected_batch_size=b, num_batches=steps)
     assert ds.element_spec[1].shape.as_list() == [None]
     sizes, inclusion = [], np.zeros(n)
     for x, y in ds:
@@ -366,6 +367,11 @@ def test_poisson_batches_size_distribution_and_inclusion():
     replay = [x["cat"].numpy()[:, 0].size for x, _ in ds]
     assert replay == sizes.tolist()
     assert syn.poisson_sampling_probability(n, b) == q
+    other = [x["cat"].numpy()[:, 0] for x, _ in syn.poisson_batches(_index_arrays(n), b, num_batches=3)]
+    assert not all(np.array_equal(a, x["cat"].numpy()[:, 0]) for a, (x, _) in zip(other, ds))  # secret membership
+    seeded = [syn.poisson_batches(_index_arrays(n), b, 3, noise=NoiseSource.reproducible(3)) for _ in range(2)]
+    for (x1, _), (x2, _) in zip(*seeded):
+        np.testing.assert_array_equal(x1["cat"].numpy(), x2["cat"].numpy())
     with pytest.raises(ValueError, match="expected_batch_size"):
         syn.poisson_batches(_index_arrays(10), expected_batch_size=11, num_batches=1)
     with pytest.raises(ValueError, match="num_batches"):

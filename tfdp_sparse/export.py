@@ -23,22 +23,31 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tfdp_sparse.mechanisms.base import Mechanism
+
 
 class PendingNoiseError(RuntimeError):
     """Raised when a model would be saved with noise still pending."""
 
 
-def ensure_no_pending_noise(mechanism: Optional[object], action: str = "export") -> None:
-    """Raises :class:`PendingNoiseError` if ``mechanism`` still owes noise."""
-    has_pending = getattr(mechanism, "has_pending", None)
-    if has_pending is not None and bool(has_pending()):
-        raise PendingNoiseError(
-            f"refusing to {action}: {getattr(mechanism, 'name', 'the mechanism')} has pending noise on "
-            "embedding rows; call mechanism.flush() first"
-        )
+def ensure_no_pending_noise(mechanism: Optional[Mechanism], action: str = "export") -> None:
+    """Raises :class:`PendingNoiseError` if ``mechanism`` still owes noise (the one pending-noise guard).
+
+    Example: after LazyDP steps without a flush, ``ensure_no_pending_noise(mech)``
+    raises ``refusing to export: lazydp has pending noise on embedding rows
+    (rows owing noise per table: {...}) ...``.
+    """
+    if mechanism is None or not mechanism.has_pending():
+        return
+    rows = mechanism.pending_rows()
+    detail = f" (rows owing noise per table: {rows})" if rows else ""
+    raise PendingNoiseError(
+        f"refusing to {action}: {mechanism.name} has pending noise on embedding rows{detail}; it would reveal "
+        "which rows were never touched. Call flush_all(...) or mechanism.flush() first"
+    )
 
 
-def export_saved_model(module: tf.Module, export_dir: str, mechanism: Optional[object] = None, signatures=None) -> str:
+def export_saved_model(module: tf.Module, export_dir: str, mechanism: Optional[Mechanism] = None, signatures=None) -> str:
     """Saves ``module`` as a SavedModel after checking nothing is pending.
 
     ``mechanism=None`` checks the LazyDP mechanisms bound to ``module``'s

@@ -39,9 +39,6 @@ import os
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
-
-_PHILOX = tf.random.Algorithm.PHILOX
 
 
 def _entropy_int(num_bytes: int) -> int:
@@ -91,20 +88,23 @@ class NoiseSource:
             "function of the seed"
         )
 
-    def tf_generator(self, stream: int = 0) -> tf.random.Generator:
+    def tf_generator(self, stream: int = 0) -> "tf.random.Generator":
         """A new ``tf.random.Generator`` (Philox).
 
         Secure: key and counter (192 bits) from ``os.urandom``, so two
         generators never share a stream. Reproducible: a pure function of
         ``(noise_seed, stream)``.
         """
+        import tensorflow as tf  # here, so that data modules can use this file without TensorFlow
+
+        philox = tf.random.Algorithm.PHILOX
         if self.is_secure:
             key = _entropy_int(8)
             counter = [_entropy_int(8), _entropy_int(8)]
             # Philox state is [counter_lo, counter_hi, key] as int64 bit patterns.
             state = np.array(counter + [key], dtype=np.uint64).view(np.int64)
-            return tf.random.Generator.from_state(state, _PHILOX)
-        return tf.random.Generator.from_seed(self.noise_seed * 1_000_003 + int(stream), _PHILOX)
+            return tf.random.Generator.from_state(state, philox)
+        return tf.random.Generator.from_seed(self.noise_seed * 1_000_003 + int(stream), philox)
 
     def numpy_generator(self, *stream: int) -> np.random.Generator:
         """A new ``np.random.Generator`` (PCG64).

@@ -61,6 +61,7 @@ from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.data.sampling import BatchSampler
 from tfdp_sparse.noise_source import NoiseSource
 
 log = logging.getLogger("tfdp_sparse.train")
@@ -185,45 +186,13 @@ def make_dense_optimizer(name: str, learning_rate: Optional[float]) -> Optional[
     return tf.keras.optimizers.Adagrad(learning_rate)
 
 
-class BatchSampler:
-    """Batch indices of each step, drawn from the run's :class:`NoiseSource`.
-
-    ``poisson``: each example independently with probability ``B / N``
-    (Binomial size, then distinct uniform positions). ``shuffle``:
-    consecutive slices of a per-epoch permutation (the labelled
-    approximation). Batch membership is as secret as the noise: with a
-    secure source two samplers never agree; with ``noise_seed`` the batch of
-    a step is a pure function of ``(noise_seed, step)``, so resumes are exact.
-
-    Example::
-
-        sampler = BatchSampler("poisson", 60_000, 256, NoiseSource.secure())
-        idx = sampler.indices(step=0)     # about 256 sorted distinct indices
-    """
-
-    def __init__(self, sampling: str, num_examples: int, batch_size: int, noise: NoiseSource):
-        self.sampling, self.num_examples, self.batch_size, self.noise = sampling, num_examples, batch_size, noise
-        self._epoch: Optional[tuple[int, np.ndarray]] = None
-
-    def indices(self, step: int) -> np.ndarray:
-        n, b = self.num_examples, self.batch_size
-        if self.sampling == "poisson":
-            rng = self.noise.numpy_generator(step, 17)
-            k = rng.binomial(n, b / n)
-            return np.sort(rng.choice(n, size=k, replace=False))
-        epoch, slot = divmod(step, n // b)
-        if self._epoch is None or self._epoch[0] != epoch:
-            self._epoch = (epoch, self.noise.numpy_generator(epoch, 23).permutation(n))
-        return self._epoch[1][slot * b : (slot + 1) * b]
-
-
 def _step_event(mechanism: Mechanism, q: float):
     """``(event, None)`` for a DP step, ``(None, reason)`` when the step has no guarantee."""
     event = mechanism.step_event(q)
     if event is None or isinstance(event, dp_accounting.NonPrivateDpEvent):
         reason = mechanism.not_private_reason()
         if reason is None:
-            sigma = getattr(mechanism, "noise_multiplier", None)
+            sigma = mechanism.describe().get("noise_multiplier")
             reason = (
                 f"noise_multiplier={sigma} adds no noise" if sigma == 0
                 else "the mechanism gives no (epsilon, delta) guarantee"
@@ -239,7 +208,7 @@ def check_accountant(mechanism: Mechanism, accountant: str) -> None:
     charge the selection as ρ-zCDP, which only the RDP accountant may compose
     (``mechanism.required_accountant == "rdp"``).
     """
-    required = getattr(mechanism, "required_accountant", None)
+    required = mechanism.required_accountant
     if required is not None and required != accountant:
         raise ValueError(
             f"accountant={accountant!r} cannot account {mechanism.name}'s one-off selection event, which is "
@@ -312,10 +281,7 @@ def _probe_setup_event(build, privacy: PrivacyConfig, model) -> Optional[dp_acco
     try:
         return probe.setup_event()
     except ValueError:
-        bind = getattr(probe, "bind_model", None)
-        if bind is None:
-            raise
-        bind(model)
+        probe.bind_model(model)
         return probe.setup_event()
 
 
@@ -340,12 +306,6 @@ def _compose_setup(events: Sequence[dp_accounting.DpEvent],
     return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
 
-def _flush(mechanism: Mechanism) -> None:
-    flush = getattr(mechanism, "flush", None)
-    if flush is not None:
-        flush()
-
-
 def _identity(privacy: PrivacyConfig, calibrating: bool) -> dict:
     """The privacy settings a resumed run must repeat (σ is free when calibrated)."""
     out = json.loads(json.dumps(dataclasses.asdict(privacy)))
@@ -365,17 +325,6 @@ def _read_saved_run(path: str) -> tuple[dict, accounting.PrivacyLedger]:
     if not isinstance(record, dict) or record.get("format") != _RUN_FORMAT:
         raise ValueError(f"{path} holds a privacy record of another format; use a new --model_dir")
     return record, accounting.PrivacyLedger.from_json(ledger_json)
-
-
-def _selection_pending(mechanism: Mechanism) -> bool:
-    """True when the mechanism must select rows privately from training counts before training."""
-    selection = getattr(mechanism, "selection", None)
-    return bool(
-        selection is not None
-        and getattr(selection, "is_private", False)
-        and not getattr(selection, "is_selected", True)
-        and hasattr(mechanism, "select")
-    )
 
 
 def _signature_of(x, y):
@@ -478,9 +427,7 @@ def train_privately(
 
     mechanism = build(privacy)
     event, not_private = _step_event(mechanism, q)
-    bind = getattr(mechanism, "bind_model", None)
-    if bind is not None:
-        bind(model)
+    mechanism.bind_model(model)
     optimizer = DPOptimizer(
         mechanism,
         learning_rate=loop.learning_rate,
@@ -511,7 +458,7 @@ def train_privately(
         ledger = saved_ledger
         log.info("resumed from %s at step %d", latest, ledger.steps)
     else:
-        if _selection_pending(mechanism):
+        if mechanism.needs_private_selection:
             if selection_counts is None:
                 raise ValueError(
                     f"{privacy.algorithm} with selection_epsilon selects rows privately from training counts, "
@@ -560,7 +507,7 @@ def train_privately(
     def save():
         if manager is None:
             return
-        _flush(mechanism)  # never write rows whose noise is still pending
+        mechanism.flush()  # never write rows whose noise is still pending
         ledger_var.assign(ledger.to_json())
         manager.save(checkpoint_number=ledger.steps)
 
@@ -601,7 +548,7 @@ def train_privately(
         if manager is not None and done % loop.checkpoint_every == 0 and done < planned:
             save()
     elapsed = time.perf_counter() - t_start
-    _flush(mechanism)
+    mechanism.flush()
     if manager is not None and planned > start:
         save()
 

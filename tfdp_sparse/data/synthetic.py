@@ -42,6 +42,8 @@ from typing import Iterator, Mapping, Optional
 import numpy as np
 
 from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES, NUM_DENSE
+from tfdp_sparse.data.sampling import poisson_indices
+from tfdp_sparse.noise_source import NoiseSource
 
 MAX_TABLE_ROWS: int = 10**7
 # Ranks sampled exactly (the rest of the Zipf law uses the continuous inverse CDF).
@@ -650,7 +652,7 @@ def poisson_sampling_probability(num_examples: int, expected_batch_size: int) ->
 
 
 def poisson_batches(arrays: Mapping[str, np.ndarray], expected_batch_size: int,
-                    num_batches: int, seed: int = 0):
+                    num_batches: int, noise: NoiseSource = NoiseSource()):
     """Poisson-sampled batches: each example is in a batch independently w.p. ``q = B/N``.
 
     This is the sampling that DP-SGD accounting assumes.  Batch sizes vary
@@ -659,8 +661,10 @@ def poisson_batches(arrays: Mapping[str, np.ndarray], expected_batch_size: int,
     ``k ~ Binomial(N, q)`` and then a uniform ``k``-subset, which has exactly
     the same law as independent inclusion.  ``num_batches`` is the total
     number of batches; re-iterating the dataset replays the same batches.
+    Membership is secret: it comes from ``noise`` (OS entropy by default;
+    ``NoiseSource.reproducible(seed)`` for tests, which is not private).
 
-    Example: ``poisson_batches(arrays, expected_batch_size=2048, num_batches=100, seed=0)``.
+    Example: ``poisson_batches(arrays, expected_batch_size=2048, num_batches=100)``.
     """
     import tensorflow as tf
 
@@ -669,14 +673,12 @@ def poisson_batches(arrays: Mapping[str, np.ndarray], expected_batch_size: int,
     q = poisson_sampling_probability(n, expected_batch_size)
     if not _is_int(num_batches) or num_batches < 0:
         raise ValueError(f"num_batches must be a non-negative integer, got {num_batches!r}")
-    if not _is_int(seed) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    # One secret key per dataset (in memory only): re-iteration replays the same batches.
+    key = int(noise.numpy_generator(0x9015).integers(2**63))
 
     def gen() -> Iterator:
-        rng = np.random.default_rng([int(seed), 0x9015])
-        for _ in range(int(num_batches)):
-            k = int(rng.binomial(n, q))
-            idx = np.sort(rng.choice(n, size=k, replace=False))
+        for step in range(int(num_batches)):
+            idx = poisson_indices(np.random.default_rng([key, step]), n, q)
             yield {"cat": cat[idx], "dense": dense[idx]}, label[idx]
 
     return tf.data.Dataset.from_generator(gen, output_signature=_signature(cat.shape[1], dense.shape[1], None))

@@ -47,7 +47,7 @@ from typing import Iterable, Optional, Union
 
 import tensorflow as tf
 
-from tfdp_sparse.export import PendingNoiseError
+from tfdp_sparse.export import PendingNoiseError, ensure_no_pending_noise
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.lazydp import bound_mechanisms
 
@@ -63,7 +63,7 @@ def mechanisms_of(target) -> list:
     found: list = []
 
     def add(mech):
-        if mech is not None and hasattr(mech, "has_pending") and all(mech is not m for m in found):
+        if isinstance(mech, Mechanism) and all(mech is not m for m in found):
             found.append(mech)
 
     def visit(obj):
@@ -88,9 +88,7 @@ def mechanisms_of(target) -> list:
 def flush_all(target: Target) -> None:
     """Flushes every mechanism found by :func:`mechanisms_of` (one dense pass per table)."""
     for mech in mechanisms_of(target):
-        flush = getattr(mech, "flush", None)
-        if flush is not None:
-            flush()
+        mech.flush()
 
 
 def ensure_flushed(target: Target, action: str = "export") -> None:
@@ -100,16 +98,7 @@ def ensure_flushed(target: Target, action: str = "export") -> None:
     writing a checkpoint (``flush_all`` first).
     """
     for mech in mechanisms_of(target):
-        if mech.has_pending():
-            detail = ""
-            pending_rows = getattr(mech, "pending_rows", None)
-            if pending_rows is not None:
-                detail = f" (rows owing noise per table: {pending_rows()})"
-            raise PendingNoiseError(
-                f"refusing to {action}: {getattr(mech, 'name', 'the mechanism')} has pending noise on embedding "
-                f"rows{detail}; it would reveal which rows were never touched. Call flush_all(...) or "
-                "mechanism.flush() first"
-            )
+        ensure_no_pending_noise(mech, action)
 
 
 def save_model(model: tf.keras.Model, filepath: str, mechanisms: Optional[Target] = None, **kwargs) -> None:

@@ -115,9 +115,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         if dense_optimizer is not None and not isinstance(dense_optimizer, tf.keras.optimizers.Optimizer):
             raise TypeError(f"dense_optimizer must be a tf.keras optimizer, got {type(dense_optimizer).__name__}")
         self.dense_optimizer = dense_optimizer
-        check = getattr(mechanism, "check_optimizer", None)
-        if check is not None:
-            check(self)
+        mechanism.check_optimizer(self)
         self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
         self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
 
@@ -166,7 +164,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         var_list = list(var_list() if callable(var_list) else var_list)
         recorded = taps.take()
         clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip)
-        if getattr(self.mechanism, "needs_lookups", False):
+        if self.mechanism.needs_lookups:
             # Per-example looked-up ids (DP-AdaFEST's contribution map); only
             # mechanisms that declare they need them get the keyword.
             noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups)

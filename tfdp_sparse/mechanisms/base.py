@@ -183,6 +183,40 @@ class Mechanism(tf.Module, abc.ABC):
         """Privacy-relevant settings, for logs and the metrics line."""
         return {"algorithm": self.name, "l2_norm_clip": self._l2_norm_clip}
 
+    # -- Optional hooks: every mechanism has them, the defaults do nothing. ----
+    # (Callers call them unconditionally instead of probing with getattr.)
+
+    def check_optimizer(self, optimizer) -> None:
+        """Called by ``DPOptimizer.__init__``; may raise to refuse settings (e.g. LazyDP and momentum)."""
+
+    def bind_model(self, model) -> None:
+        """Called by trainers before training, e.g. to hook a model's tables (LazyDP, DP-FEST by name)."""
+
+    @property
+    def required_accountant(self) -> Optional[str]:
+        """The only accountant that may compose this mechanism's events (``None``: any)."""
+        return None
+
+    @property
+    def needs_private_selection(self) -> bool:
+        """True while the mechanism must select rows privately from training counts (:meth:`select`)."""
+        return False
+
+    def select(self, counts_per_table: Sequence) -> list:
+        """Private selection from per-table training counts (only when :attr:`needs_private_selection`)."""
+        raise ValueError(f"{self.name} makes no private selection from training counts")
+
+    def has_pending(self) -> bool:
+        """True when some table row still owes deferred noise (LazyDP); reads must flush first."""
+        return False
+
+    def pending_rows(self) -> dict:
+        """``{table name: rows owing noise}`` (empty when nothing is deferred)."""
+        return {}
+
+    def flush(self) -> None:
+        """Applies all deferred noise (no-op unless the mechanism defers noise)."""
+
     def gaussian_noise(self, shape, stddev: float) -> tf.Tensor:
         """Draws ``N(0, stddev^2)`` from this mechanism's generator."""
         return self.rng.normal(shape, stddev=stddev, dtype=tf.float32)

@@ -588,6 +588,10 @@ class UsesSelection:
     def required_accountant(self) -> Optional[str]:
         return self.selection.required_accountant
 
+    @property
+    def needs_private_selection(self) -> bool:
+        return self.selection.is_private and not self.selection.is_selected
+
 
 class DPFEST(UsesSelection, Mechanism):
     """DP-SGD noise on every kept row of every table, nothing elsewhere.

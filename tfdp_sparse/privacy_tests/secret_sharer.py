@@ -7,7 +7,8 @@ references) and DESIGN §5. Model-agnostic: the caller trains its model on
 ``planted.train_arrays`` with any trainer, then passes a per-example loss
 function to :func:`measure_exposure`. The maths (rank and extrapolated
 exposure, canary drawing and insertion) lives in
-:mod:`tfdp_sparse.privacy_tests.exposure`.
+:mod:`~tfdp_sparse.privacy_tests.exposure_stats`, :mod:`~tfdp_sparse.privacy_tests.skewnorm`,
+:mod:`~tfdp_sparse.privacy_tests.canaries` and :mod:`~tfdp_sparse.privacy_tests.canary_insertion`.
 
 Canaries (out-of-distribution examples):
 
@@ -22,7 +23,7 @@ the training examples forbidden; for pCTR, a canary's categorical tuple
 appears in no training row, whatever its label); references also differ
 from every canary. ``num_controls`` extra canaries are drawn but never
 inserted: their mean exposure estimates the null (about ``1/ln 2 = 1.44``
-bits, :func:`~tfdp_sparse.privacy_tests.exposure.expected_null_exposure`),
+bits, :func:`~tfdp_sparse.privacy_tests.exposure_stats.expected_null_exposure`),
 a check that the scoring is unbiased.
 
 Example::
@@ -43,7 +44,10 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from tfdp_sparse.privacy_tests import exposure as exposure_lib
+from tfdp_sparse.privacy_tests import canaries as canary_lib
+from tfdp_sparse.privacy_tests import exposure_stats
+from tfdp_sparse.privacy_tests.canary_insertion import CanaryManifest, insert_canaries
+from tfdp_sparse.privacy_tests.skewnorm import SkewNormalFit, fit_skewnorm
 
 __all__ = [
     "EANA_REPETITIONS",
@@ -168,7 +172,7 @@ class PlantedCanaries:
     train_arrays: dict
     canary_arrays: dict
     reference_arrays: dict
-    manifest: exposure_lib.CanaryManifest
+    manifest: CanaryManifest
     config: CanaryConfig
 
     @property
@@ -289,9 +293,9 @@ def plant_sequence_canaries(
         return known.contains(context_ids + (label,))
 
     total = config.num_inserted_canaries + config.num_controls
-    canaries = exposure_lib.make_sequence_canaries(total, length, num_movies, seed=config.seed, forbid=forbid)
-    references = exposure_lib.reference_candidates(canaries, config.num_references, seed=config.seed + 1,
-                                                   forbid=forbid)
+    canaries = canary_lib.make_sequence_canaries(total, length, num_movies, seed=config.seed, forbid=forbid)
+    references = canary_lib.reference_candidates(canaries, config.num_references, seed=config.seed + 1,
+                                                 forbid=forbid)
     return _insert("sequence", train_arrays, canaries, references, config,
                    {"context": context_key, "label": label_key})
 
@@ -343,10 +347,10 @@ def plant_pctr_canaries(
 
     num_dense = int(np.asarray(train_arrays[dense_key]).shape[1]) if dense_key else 0
     total = config.num_inserted_canaries + config.num_controls
-    canaries = exposure_lib.make_pctr_canaries(total, vocab, seed=config.seed, forbid=forbid, low=low,
-                                               num_dense_features=num_dense, dense_value=dense_value)
-    references = exposure_lib.reference_candidates(canaries, config.num_references, seed=config.seed + 1,
-                                                   forbid=forbid)
+    canaries = canary_lib.make_pctr_canaries(total, vocab, seed=config.seed, forbid=forbid, low=low,
+                                             num_dense_features=num_dense, dense_value=dense_value)
+    references = canary_lib.reference_candidates(canaries, config.num_references, seed=config.seed + 1,
+                                                 forbid=forbid)
     names = {"categorical": cat_key, "label": label_key}
     if dense_key:
         names["dense"] = dense_key
@@ -362,7 +366,7 @@ def _insert(kind, train_arrays, canaries, references, config, names) -> PlantedC
 
     canary_arrays = rename(canaries.arrays)
     reference_arrays = rename(references.arrays)
-    new_arrays, manifest = exposure_lib.insert_canaries(
+    new_arrays, manifest = insert_canaries(
         train_arrays, canary_arrays, list(config.repetitions), config.canaries_per_repetition, seed=config.seed + 2
     )
     return PlantedCanaries(kind, new_arrays, canary_arrays, reference_arrays, manifest, config)
@@ -394,7 +398,7 @@ class ExposureReport:
     """Exposure of the canaries of a trained model.
 
     ``table``: one dict per repetition count (0 = controls), see
-    :func:`~tfdp_sparse.privacy_tests.exposure.exposure_table`;
+    :func:`~tfdp_sparse.privacy_tests.exposure_stats.exposure_table`;
     ``null_exposure``: the expected rank exposure of a never-seen canary.
     """
 
@@ -402,7 +406,7 @@ class ExposureReport:
     canary_losses: np.ndarray
     reference_losses: np.ndarray
     repetitions: np.ndarray
-    fit: exposure_lib.SkewNormalFit
+    fit: SkewNormalFit
     null_exposure: float
 
     def by_repetitions(self) -> dict:
@@ -420,14 +424,14 @@ def measure_exposure(planted: PlantedCanaries, loss_fn: LossFn, batch_size: int 
     """
     canary_losses = score_losses(loss_fn, planted.canary_arrays, batch_size)
     reference_losses = score_losses(loss_fn, planted.reference_arrays, batch_size)
-    fit = exposure_lib.fit_skewnorm(reference_losses)
+    fit = fit_skewnorm(reference_losses)
     reps = planted.manifest.repetitions
-    table = exposure_lib.exposure_table(zip(reps.tolist(), canary_losses.tolist()), reference_losses, fit=fit)
+    table = exposure_stats.exposure_table(zip(reps.tolist(), canary_losses.tolist()), reference_losses, fit=fit)
     return ExposureReport(
         table=table,
         canary_losses=canary_losses,
         reference_losses=reference_losses,
         repetitions=reps,
         fit=fit,
-        null_exposure=exposure_lib.expected_null_exposure(reference_losses.size + 1),
+        null_exposure=exposure_stats.expected_null_exposure(reference_losses.size + 1),
     )

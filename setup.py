@@ -8,7 +8,7 @@ setuptools.setup(
     name="tfdp_sparse",
     version="0.1.0",
     description="Sparse differentially private training of embedding models in TensorFlow/Keras",
-    packages=setuptools.find_packages(include=["tfdp_sparse*", "models*", "trainers*", "benchmarks*"]),
+    packages=setuptools.find_packages(include=["tfdp_sparse*", "models*", "trainers*", "benchmarks*", "experiments*"]),
     python_requires=">=3.11,<3.12",
     install_requires=[r for r in _REQUIREMENTS if not r.startswith("pytest")],
 )

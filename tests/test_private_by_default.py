@@ -275,3 +275,13 @@ def test_adafest_with_fixed_sigmas_refuses_target_epsilon():
         mechanisms.build(config)
     ratio = dataclasses.replace(config, extra=(("tau", 1.0), ("sigma_ratio", 2.0)))
     assert isinstance(mechanisms.build(ratio), adafest.AdaFEST)
+
+
+def test_unknown_knob_is_refused_naming_it():
+    """A typo in PrivacyConfig.extra used to be accepted silently and echoed into the metrics line."""
+    with pytest.raises(ValueError, match=r"'dpsgd' has no knob \['tau_typo'\].*none"):
+        mechanisms.build(PrivacyConfig(algorithm="dpsgd", extra=(("tau_typo", 3.0),)))
+    with pytest.raises(ValueError, match=r"'lazydp' has no knob \['tau'\].*aggregate"):
+        mechanisms.build(PrivacyConfig(algorithm="lazydp", extra=(("tau", 3.0),)))
+    for algorithm, config in ALL_PRIVATE_CONFIGS.items():  # every knob the registry's own configs use is known
+        assert mechanisms.build(config).name == algorithm

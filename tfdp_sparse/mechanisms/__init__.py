@@ -2,7 +2,8 @@
 
 ``build(config, seed)`` maps a :class:`tfdp_sparse.config.PrivacyConfig` to a
 mechanism. Each algorithm lives in its own module, which defines
-``from_config(config: PrivacyConfig, seed: Optional[int]) -> Mechanism``;
+``from_config(config: PrivacyConfig, seed: Optional[int]) -> Mechanism`` and
+``KNOBS`` (the ``PrivacyConfig.extra`` names it accepts; others are refused);
 the registry below names the module, imported on first use, so adding an
 algorithm touches only its module and one line here.
 """
@@ -45,6 +46,12 @@ def build(config: PrivacyConfig, seed: Optional[int] = None) -> Mechanism:
     if config.algorithm not in available():
         raise ValueError(f"unknown algorithm {config.algorithm!r}; choose one of {list(available())}")
     module = importlib.import_module(ALGORITHMS[config.algorithm])
+    unknown = sorted(set(dict(config.extra)) - module.KNOBS)
+    if unknown:
+        raise ValueError(
+            f"algorithm {config.algorithm!r} has no knob {unknown}: its knobs are "
+            f"{sorted(module.KNOBS) or 'none'} (a typo, or a knob of another algorithm?)"
+        )
     return module.from_config(config, seed)
 
 

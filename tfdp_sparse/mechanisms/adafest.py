@@ -379,6 +379,10 @@ class AdaFEST(Mechanism):
         }
 
 
+#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
+KNOBS: frozenset = frozenset({"tau", "sigma1", "sigma2", "sigma_ratio", "C1"})
+
+
 def noise_settings_from_config(config) -> dict:
     """``sigma1``, ``sigma2``, ``C1``, ``tau`` from the knobs (see the module docstring)."""
     tau = config.knob("tau")

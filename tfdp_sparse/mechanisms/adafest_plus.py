@@ -40,7 +40,7 @@ import dp_accounting
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms import adafest
-from tfdp_sparse.mechanisms.dpfest import BucketSelection, UsesSelection, selection_from_config
+from tfdp_sparse.mechanisms.dpfest import SELECTION_KNOBS, BucketSelection, UsesSelection, selection_from_config
 
 
 def to_domain_positions(ids: tf.Tensor, domain: tf.Tensor) -> tf.Tensor:
@@ -132,6 +132,10 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
 
     def describe(self) -> dict:
         return {**super().describe(), **self.selection.describe()}
+
+
+#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
+KNOBS: frozenset = adafest.KNOBS | SELECTION_KNOBS
 
 
 def from_config(config, seed: Optional[int] = None) -> AdaFESTPlus:

@@ -556,6 +556,10 @@ class BucketSelection(tf.Module):
         return out
 
 
+#: Knobs of the bucket selection (shared by DP-FEST and DP-AdaFEST+).
+SELECTION_KNOBS: frozenset = frozenset({"k", "frequency_file", "selection_epsilon", "kept_ids", "feature_names", "vocab_sizes"})
+
+
 def selection_from_config(config, seed: Optional[int] = None) -> BucketSelection:
     """A :class:`BucketSelection` from the ``k`` / ``frequency_file`` / ``selection_epsilon`` /
     ``kept_ids`` / ``feature_names`` / ``vocab_sizes`` knobs."""
@@ -663,6 +667,10 @@ class DPFEST(UsesSelection, Mechanism):
 
     def describe(self) -> dict:
         return {**super().describe(), "noise_multiplier": self.noise_multiplier, **self.selection.describe()}
+
+
+#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
+KNOBS: frozenset = SELECTION_KNOBS
 
 
 def from_config(config, seed: Optional[int] = None) -> DPFEST:

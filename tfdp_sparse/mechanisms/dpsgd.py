@@ -81,6 +81,10 @@ class DPSGD(Mechanism):
         return {**super().describe(), "noise_multiplier": self.noise_multiplier}
 
 
+#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
+KNOBS: frozenset = frozenset()
+
+
 def from_config(config, seed: Optional[int] = None) -> DPSGD:
     """Registry constructor (see :mod:`tfdp_sparse.mechanisms`)."""
     return DPSGD(config.noise_multiplier, config.l2_norm_clip, seed=seed)

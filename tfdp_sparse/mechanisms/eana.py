@@ -128,6 +128,10 @@ class EANA(Mechanism):
         }
 
 
+#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
+KNOBS: frozenset = frozenset()
+
+
 def from_config(config, seed: Optional[int] = None) -> EANA:
     """Registry constructor (see :mod:`tfdp_sparse.mechanisms`)."""
     return EANA(config.noise_multiplier, config.l2_norm_clip, seed=seed)

@@ -643,6 +643,10 @@ class LazyDP(Mechanism):
         return self._histories[i]
 
 
+#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
+KNOBS: frozenset = frozenset({"aggregate", "dense_fallback"})
+
+
 def from_config(config, seed: Optional[int] = None) -> LazyDP:
     """Registry constructor; knobs ``aggregate`` (default true), ``dense_fallback`` (default false)."""
     return LazyDP(

@@ -49,6 +49,10 @@ class NonPrivate(Mechanism):
         return "non-private training (no clipping, no noise)"
 
 
+#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
+KNOBS: frozenset = frozenset()
+
+
 def from_config(config, seed: Optional[int] = None) -> NonPrivate:
     """Registry constructor (see :mod:`tfdp_sparse.mechanisms`)."""
     return NonPrivate(seed=seed)

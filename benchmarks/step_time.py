@@ -73,6 +73,7 @@ from tfdp_sparse.data import criteo_schema
 from tfdp_sparse.data import synthetic
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
+from tfdp_sparse.selection import frequency
 
 MODELS = ("micro", "pctr")
 DEFAULT_BATCH = {"micro": 1024, "pctr": 2048}
@@ -238,16 +239,8 @@ def pctr_counts(scale: float, batch: int, seed: int) -> list[np.ndarray]:
 
 
 def write_prior(path: str, counts: Sequence[np.ndarray]) -> None:
-    """Writes ``counts`` (one array per feature) as a frequency file (non-zero buckets only).
-
-    Format of :mod:`tfdp_sparse.selection.frequency`: ``feature,bucket,count``.
-    """
-    with open(path, "w") as f:
-        f.write("feature,bucket,count\n")
-        for feature, c in enumerate(counts):
-            buckets = np.flatnonzero(c)
-            rows = np.stack([np.full(buckets.size, feature), buckets, c[buckets]], axis=1)
-            np.savetxt(f, rows, fmt="%d", delimiter=",")
+    """Writes ``counts`` (one array per feature) as a frequency file (non-zero buckets only)."""
+    frequency.write_frequency_file(path, counts)
 
 
 def embedding_layers(model: tf.keras.Model) -> list[DPEmbedding]:

@@ -68,6 +68,7 @@ from absl import app, flags
 
 from models import dual_encoder
 from tfdp_sparse import mechanisms
+from tfdp_sparse.mechanisms import adafest
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.privacy_tests import secret_sharer as ss
 from trainers import loop as loop_lib
@@ -172,8 +173,7 @@ def _knobs(experiment: Experiment, algorithm: str, sigma: float) -> tuple:
     if algorithm in ("adafest", "adafest_plus"):
         knobs = dict(experiment.adafest)
         ratio = float(knobs["sigma_ratio"])
-        sigma2 = sigma * math.sqrt(1.0 + ratio**-2)
-        sigma1 = ratio * sigma2
+        sigma1, _ = adafest.sigmas_from_ratio(sigma, ratio)
         extra += [("sigma_ratio", ratio), ("C1", float(knobs["C1"])),
                   ("tau", float(knobs["tau_sigmas"]) * sigma1 * float(knobs["C1"]))]
     return tuple(extra)

@@ -29,6 +29,7 @@ import numpy as np
 
 from experiments.sweep.grid import PUBLIC_SAMPLE_SEED, SweepConfig
 from tfdp_sparse.data import synthetic
+from tfdp_sparse.selection import frequency
 from trainers import train_pctr
 
 log = logging.getLogger("tfdp_sparse.sweep")
@@ -49,17 +50,9 @@ class SweepData:
 
 def write_frequency_file(path: str, cat: np.ndarray, vocab_sizes: Sequence[int]) -> int:
     """Writes the non-zero bucket counts of ``cat [N, F]`` as a ``feature,bucket,count`` CSV; returns the lines."""
-    lines = 0
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write("# public prior: bucket counts of a separate synthetic sample (not the training data)\n")
-        f.write("feature,bucket,count\n")
-        for feature, size in enumerate(vocab_sizes):
-            counts = np.bincount(cat[:, feature], minlength=size)
-            ids = np.flatnonzero(counts)
-            f.write("".join(f"{feature},{b},{c}\n" for b, c in zip(ids, counts[ids])))
-            lines += ids.size
-    return lines
+    counts = [np.bincount(cat[:, feature], minlength=size) for feature, size in enumerate(vocab_sizes)]
+    return frequency.write_frequency_file(
+        path, counts, comment="public prior: bucket counts of a separate synthetic sample (not the training data)")
 
 
 def prepare_data(config: SweepConfig) -> SweepData:

@@ -98,6 +98,19 @@ def validate_filter_settings(tau, sigma1, C1) -> tuple[float, float, float]:
     return tau, sigma1, C1
 
 
+def sigmas_from_ratio(effective: float, ratio: float) -> tuple[float, float]:
+    """``(sigma1, sigma2)`` with ``sigma1 / sigma2 = ratio`` whose effective σ is ``effective``.
+
+    ``sigma2 = effective * sqrt(1 + ratio^-2)``, ``sigma1 = ratio * sigma2``
+    (the inverse of :func:`effective_noise_multiplier`).
+
+    >>> [round(s, 5) for s in sigmas_from_ratio(1.0, 5.0)]
+    [5.09902, 1.0198]
+    """
+    sigma2 = effective * math.sqrt(1.0 + ratio**-2)
+    return ratio * sigma2, sigma2
+
+
 def effective_noise_multiplier(sigma1: float, sigma2: float) -> float:
     """``(sigma1^-2 + sigma2^-2)^-1/2``: one Gaussian equivalent to both (0 if either is 0).
 
@@ -395,8 +408,7 @@ def noise_settings_from_config(config) -> dict:
         ratio = _finite(ratio, "sigma_ratio")
         if ratio <= 0:
             raise ValueError(f"sigma_ratio={ratio!r} must be > 0 (sigma1 / sigma2)")
-        sigma2 = config.noise_multiplier * math.sqrt(1.0 + ratio**-2)
-        sigma1 = ratio * sigma2
+        sigma1, sigma2 = sigmas_from_ratio(config.noise_multiplier, ratio)
     else:
         if sigma1 is None:
             raise ValueError("knob sigma1 (noise multiplier of the contribution map) or sigma_ratio must be set for DP-AdaFEST")

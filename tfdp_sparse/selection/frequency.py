@@ -38,7 +38,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-__all__ = ["load_frequency_file", "top_k_from_counts"]
+__all__ = ["load_frequency_file", "top_k_from_counts", "write_frequency_file"]
 
 _HEADER = ("feature", "bucket", "count")
 
@@ -236,3 +236,30 @@ def top_k_from_counts(counts: Union[np.ndarray, Sequence[float], Mapping[int, fl
         raise ValueError(f"k={k} exceeds the table size {arr.size} of {label}")
     # Stable sort on -count: equal counts keep increasing bucket order.
     return np.argsort(-arr.astype(np.float64), kind="stable")[:k].astype(np.int64)
+
+
+def write_frequency_file(path: Union[str, os.PathLike], counts: Sequence[np.ndarray],
+                         comment: Optional[str] = None) -> int:
+    """Writes per-feature bucket counts (non-zero buckets only) in the format above; returns the data lines.
+
+    ``comment`` (optional) becomes a ``#`` line saying where the counts come
+    from: a frequency file must be *public* (not the training data).
+
+    Worked example::
+
+        write_frequency_file("prior.csv", [np.array([0, 0, 5, 5]), np.array([1, 0, 0])])   # -> 3
+        load_frequency_file("prior.csv", vocab_sizes=[4, 3])[0]                           # -> [0, 0, 5, 5]
+    """
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    lines = 0
+    with open(path, "w") as f:
+        if comment:
+            f.write(f"# {comment}\n")
+        f.write(",".join(_HEADER) + "\n")
+        for feature, c in enumerate(counts):
+            c = np.asarray(c)
+            buckets = np.flatnonzero(c)
+            f.write("".join(f"{feature},{b},{c[b]}\n" for b in buckets))
+            lines += buckets.size
+    return lines

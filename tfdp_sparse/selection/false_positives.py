@@ -38,15 +38,14 @@ from typing import Union
 import numpy as np
 from scipy import stats
 
+from tfdp_sparse.data.sampling import bernoulli_positions
+
 __all__ = [
     "false_positive_probability",
     "sample_false_positives",
     "sample_false_positives_tf",
 ]
 
-# Below this p numpy's geometric draws (~ up to 40/p) could overflow int64;
-# use the equivalent Binomial-count + uniform-subset sampler instead.
-_MIN_GEOMETRIC_P = 1e-12
 _MAX_BUCKETS = 2 ** 62
 # float64 represents every integer up to 2**53 (TF binomial takes float counts).
 _MAX_BUCKETS_TF = 2 ** 53
@@ -91,20 +90,6 @@ def _check_p(p) -> float:
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p <= 1:
         raise ValueError(f"p={p!r} must be a probability in [0, 1]")
     return float(p)
-
-
-def _uniform_distinct(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
-    """k distinct uniform positions in [0, n), memory O(k).
-
-    Draws i.i.d. uniforms and tops up the duplicates; the procedure is
-    invariant under permutations of [0, n), so the final set is a uniform
-    k-subset.
-    """
-    chosen = np.zeros(0, dtype=np.int64)
-    while chosen.size < k:
-        extra = rng.integers(0, n, size=k - chosen.size, dtype=np.int64)
-        chosen = np.union1d(chosen, extra)
-    return chosen
 
 
 def sample_false_positives(num_buckets: int, excluded_sorted_ids,
@@ -158,21 +143,7 @@ def sample_false_positives(num_buckets: int, excluded_sorted_ids,
     if n == 0 or p == 0.0:
         return np.zeros(0, dtype=np.int64)
 
-    if p < _MIN_GEOMETRIC_P:
-        positions = _uniform_distinct(rng, n, int(rng.binomial(n, p)))
-    else:
-        pieces = []
-        last = -1  # position of the previous success
-        while True:
-            remaining = (n - 1 - last) * p
-            size = int(min(remaining + 6.0 * math.sqrt(remaining) + 16.0, 1 << 22))
-            cs = last + np.cumsum(rng.geometric(p, size=size).astype(np.int64))
-            inside = cs[cs < n]
-            pieces.append(inside)
-            if inside.size < cs.size:
-                break
-            last = int(cs[-1])
-        positions = np.concatenate(pieces)
+    positions = bernoulli_positions(rng, n, p)
 
     if excluded.size and positions.size:
         idx = np.searchsorted(excluded, positions)

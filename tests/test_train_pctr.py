@@ -176,12 +176,12 @@ def test_calibrate_meets_target_for_all_steps():
 @pytest.mark.parametrize(
     "privacy, match",
     [
-        (dict(noise_multiplier=-1.0), "noise_multiplier must be >= 0, got -1.0"),
-        (dict(l2_norm_clip=0.0), "l2_norm_clip must be > 0, got 0.0"),
-        (dict(l2_norm_clip=-1.0), "l2_norm_clip must be > 0, got -1.0"),
-        (dict(delta=0.0), r"delta must lie in \(0, 1\), got 0.0"),
-        (dict(delta=1.0), r"delta must lie in \(0, 1\), got 1.0"),
-        (dict(delta=2.0), r"delta must lie in \(0, 1\), got 2.0"),
+        (dict(noise_multiplier=-1.0), "noise_multiplier=-1.0 is invalid: it must be a finite number >= 0"),
+        (dict(l2_norm_clip=0.0), "l2_norm_clip=0.0 is invalid: it must be a finite number > 0"),
+        (dict(l2_norm_clip=-1.0), "l2_norm_clip=-1.0 is invalid: it must be a finite number > 0"),
+        (dict(delta=0.0), r"delta=0.0 is invalid: the target delta must be a number strictly between 0 and 1"),
+        (dict(delta=1.0), r"delta=1.0 is invalid: the target delta must be a number strictly between 0 and 1"),
+        (dict(delta=2.0), r"delta=2.0 is invalid: the target delta must be a number strictly between 0 and 1"),
     ],
 )
 def test_bad_privacy_settings(privacy, match):
@@ -245,9 +245,9 @@ def parse_flags(*argv) -> flags.FlagValues:
 @pytest.mark.parametrize(
     "argv, match",
     [
-        (["--noise_multiplier=-0.5"], "noise_multiplier must be >= 0"),
-        (["--l2_norm_clip=0"], "l2_norm_clip must be > 0"),
-        (["--delta=1.5"], r"delta must lie in \(0, 1\)"),
+        (["--noise_multiplier=-0.5"], "noise_multiplier=-0.5 is invalid"),
+        (["--l2_norm_clip=0"], "l2_norm_clip=0.0 is invalid"),
+        (["--delta=1.5"], r"delta=1.5 is invalid"),
         (["--k=ten", "--algorithm=dpfest"], "k='ten' must be an integer"),
         (["--hidden=16,x"], "hidden must be a comma-separated list of integers"),
     ],
@@ -440,7 +440,7 @@ def test_command_line_bad_setting_exits_with_message():
         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2
-    assert "error: noise_multiplier must be >= 0, got -1.0" in proc.stderr
+    assert "error: noise_multiplier=-1.0 is invalid: it must be a finite number >= 0" in proc.stderr
     assert proc.stdout == ""
 
 

@@ -15,8 +15,9 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
+
+from tfdp_sparse.accounting import validation
 
 SAMPLING_MODES = ("poisson", "shuffle")
 
@@ -49,12 +50,10 @@ class PrivacyConfig:
     extra: tuple = ()
 
     def validate(self) -> "PrivacyConfig":
-        if not math.isfinite(self.noise_multiplier) or self.noise_multiplier < 0:
-            raise ValueError(f"noise_multiplier must be >= 0, got {self.noise_multiplier!r}")
-        if not math.isfinite(self.l2_norm_clip) or self.l2_norm_clip <= 0:
-            raise ValueError(f"l2_norm_clip must be > 0, got {self.l2_norm_clip!r}")
-        if self.delta is not None and not 0 < self.delta < 1:
-            raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
+        validation.validate_noise_multiplier(self.noise_multiplier)
+        validation.validate_l2_norm_clip(self.l2_norm_clip)
+        if self.delta is not None:
+            validation.validate_delta(self.delta)
         if self.target_epsilon is not None and not self.target_epsilon > 0:
             raise ValueError(f"target_epsilon must be > 0, got {self.target_epsilon!r}")
         if self.sampling not in SAMPLING_MODES:

@@ -56,7 +56,7 @@ from tfdp_sparse.accounting.event_json import event_from_dict, event_to_dict
 from tfdp_sparse.accounting.ledger import PrivacyLedger, PrivacyNotAvailable
 from tfdp_sparse.accounting.validation import (
     ACCOUNTANTS, default_delta, delta_warning, sampling_probability,
-    validate_delta, validate_noise_multiplier, validate_sampling_probability)
+    validate_delta, validate_l2_norm_clip, validate_noise_multiplier, validate_sampling_probability)
 
 __all__ = [
     "ACCOUNTANTS",
@@ -76,6 +76,7 @@ __all__ = [
     "max_steps_within_budget",
     "sampling_probability",
     "validate_delta",
+    "validate_l2_norm_clip",
     "validate_noise_multiplier",
     "validate_sampling_probability",
 ]

@@ -89,6 +89,19 @@ def validate_noise_multiplier(noise_multiplier: float) -> float:
     return float(noise_multiplier)
 
 
+def validate_l2_norm_clip(l2_norm_clip: float) -> float:
+    """Returns the clipping bound C as a float if it is finite and > 0, else raises ValueError.
+
+    >>> validate_l2_norm_clip(1.0)
+    1.0
+    """
+    if not _is_real(l2_norm_clip) or not math.isfinite(l2_norm_clip) or l2_norm_clip <= 0:
+        raise ValueError(
+            f"l2_norm_clip={l2_norm_clip!r} is invalid: it must be a finite number > 0 "
+            "(the per-example clipping bound C)")
+    return float(l2_norm_clip)
+
+
 def validate_sampling_probability(q: float) -> float:
     """Returns q as a float if 0 < q <= 1, else raises ValueError.
 

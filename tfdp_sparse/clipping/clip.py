@@ -38,6 +38,7 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
+from tfdp_sparse.accounting.validation import validate_l2_norm_clip
 from tfdp_sparse.clipping import dense as dense_norms
 from tfdp_sparse.clipping import embedding as embedding_norms
 from tfdp_sparse.clipping.coverage import (
@@ -79,8 +80,9 @@ class ClippedGradients:
 
 
 def validate_clip_norm(clip_norm: Optional[float]) -> None:
-    if clip_norm is not None and not clip_norm > 0:
-        raise ValueError(f"l2_norm_clip must be > 0 (the per-example clipping bound C), got {clip_norm!r}")
+    """``None`` (no clipping) or a valid C (:func:`tfdp_sparse.accounting.validation.validate_l2_norm_clip`)."""
+    if clip_norm is not None:
+        validate_l2_norm_clip(clip_norm)
 
 
 def _check_loss(per_example_loss: tf.Tensor) -> None:

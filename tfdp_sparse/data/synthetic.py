@@ -42,7 +42,7 @@ from typing import Iterator, Mapping, Optional
 import numpy as np
 
 from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES, NUM_DENSE
-from tfdp_sparse.data.sampling import poisson_indices
+from tfdp_sparse.data import sampling
 from tfdp_sparse.noise_source import NoiseSource
 
 MAX_TABLE_ROWS: int = 10**7
@@ -657,28 +657,23 @@ def poisson_batches(arrays: Mapping[str, np.ndarray], expected_batch_size: int,
 
     This is the sampling that DP-SGD accounting assumes.  Batch sizes vary
     (``Binomial(N, q)``: mean ``B``, variance ``B (1 - q)``, possibly 0); the
-    batch dimension is ``None``.  Each batch is drawn as its size
-    ``k ~ Binomial(N, q)`` and then a uniform ``k``-subset, which has exactly
-    the same law as independent inclusion.  ``num_batches`` is the total
-    number of batches; re-iterating the dataset replays the same batches.
-    Membership is secret: it comes from ``noise`` (OS entropy by default;
-    ``NoiseSource.reproducible(seed)`` for tests, which is not private).
+    batch dimension is ``None``.  ``num_batches`` is the total number of
+    batches (steps). Membership is secret: it comes from ``noise`` (OS
+    entropy by default), and each iteration of the dataset draws new batches
+    (``NoiseSource.reproducible(seed)``, for tests and not private, replays
+    them). See :mod:`tfdp_sparse.data.sampling`.
 
     Example: ``poisson_batches(arrays, expected_batch_size=2048, num_batches=100)``.
     """
-    import tensorflow as tf
-
     cat, dense, label = _check_arrays(arrays)
     n = label.shape[0]
     q = poisson_sampling_probability(n, expected_batch_size)
     if not _is_int(num_batches) or num_batches < 0:
         raise ValueError(f"num_batches must be a non-negative integer, got {num_batches!r}")
-    # One secret key per dataset (in memory only): re-iteration replays the same batches.
-    key = int(noise.numpy_generator(0x9015).integers(2**63))
 
-    def gen() -> Iterator:
-        for step in range(int(num_batches)):
-            idx = poisson_indices(np.random.default_rng([key, step]), n, q)
-            yield {"cat": cat[idx], "dense": dense[idx]}, label[idx]
+    def gather(idx: np.ndarray):
+        return {"cat": cat[idx], "dense": dense[idx]}, label[idx]
 
-    return tf.data.Dataset.from_generator(gen, output_signature=_signature(cat.shape[1], dense.shape[1], None))
+    return sampling.sampled_batch_dataset(
+        sampling.PoissonSampler(n, q, noise), gather, int(num_batches),
+        output_signature=_signature(cat.shape[1], dense.shape[1], None), prefetch=0)

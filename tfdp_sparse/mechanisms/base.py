@@ -47,6 +47,7 @@ from typing import Optional, Sequence, Union
 import dp_accounting
 import tensorflow as tf
 
+from tfdp_sparse.accounting.validation import validate_l2_norm_clip, validate_noise_multiplier  # noqa: F401 (re-exported)
 from tfdp_sparse.noise_source import NoiseSource
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
@@ -64,20 +65,6 @@ class NoisedGradients:
 
     grads: list[Gradient]
     embedding_values: tf.Tensor
-
-
-def validate_noise_multiplier(noise_multiplier: float) -> float:
-    if noise_multiplier is None or not math.isfinite(noise_multiplier) or noise_multiplier < 0:
-        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {noise_multiplier!r}")
-    return float(noise_multiplier)
-
-
-def validate_l2_norm_clip(l2_norm_clip: float) -> float:
-    if l2_norm_clip is None or not math.isfinite(l2_norm_clip) or l2_norm_clip <= 0:
-        raise ValueError(
-            f"l2_norm_clip must be a finite number > 0 (the per-example clipping bound C), got {l2_norm_clip!r}"
-        )
-    return float(l2_norm_clip)
 
 
 def sum_duplicates(slices: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:

@@ -22,6 +22,7 @@ setup: $(STAMP)
 # Private training of the pCTR model on the synthetic Criteo-like data:
 # a non-private reference run, then the private run (AUC, epsilon, speed,
 # SavedModel export), then a comparison table.
+demo: export TF_CPP_MIN_LOG_LEVEL := 3
 demo: setup
 	mkdir -p $(OUT)
 	$(PY) -m trainers.train_pctr --flagfile=configs/demo_sgd.cfg --metrics_out=$(OUT)/sgd.json

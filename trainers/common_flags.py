@@ -75,6 +75,15 @@ def define_optimizer_flags(flag_values: flags.FlagValues, learning_rate: float) 
     flags.DEFINE_float("dense_learning_rate", 1e-3, "learning rate of --dense_optimizer (unless sgd)", **fv)
 
 
+def define_tensorboard_flag(flag_values: flags.FlagValues) -> None:
+    """``--tensorboard_dir``: TensorBoard scalars of the run (an observability setting; privacy unchanged)."""
+    flags.DEFINE_string(
+        "tensorboard_dir", None,
+        "write TensorBoard scalars here: loss, clipped fraction, embedding values and step time per step, epsilon "
+        "every --log_every steps, evaluation metrics at the end. They are exact statistics of private batches: "
+        "keep the directory like the training data", flag_values=flag_values)
+
+
 def parse_k(text: str):
     """``"100"`` -> 100; ``"10,20,..."`` -> a tuple with one ``k`` per table."""
     parts = [p.strip() for p in str(text).split(",") if p.strip()]

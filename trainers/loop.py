@@ -63,6 +63,7 @@ from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.data.sampling import BatchSampler
 from tfdp_sparse.noise_source import NoiseSource
+from trainers import tensorboard
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -86,6 +87,9 @@ class LoopConfig:
       calibrate_noise: with ``target_epsilon``, choose σ so that ``steps``
         fit the budget (True) or keep the given σ and stop when the budget
         is spent (False).
+      tensorboard_dir: ``None`` (default) or a directory for TensorBoard
+        scalars (loss, clipped fraction, embedding values, step time per
+        step; ε every ``log_every`` steps): :mod:`trainers.tensorboard`.
     """
 
     batch_size: int
@@ -100,6 +104,7 @@ class LoopConfig:
     dense_learning_rate: Optional[float] = None
     calibrate_noise: bool = True
     noise_seed: Optional[int] = None
+    tensorboard_dir: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +175,7 @@ def _validate(arrays: Mapping[str, np.ndarray], loop: LoopConfig) -> int:
         value = getattr(loop, name)
         if isinstance(value, bool) or int(value) != value or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    tensorboard.check_logdir(loop.tensorboard_dir)
     return n
 
 
@@ -335,6 +341,15 @@ def _signature_of(x, y):
         return tf.TensorSpec([None] + list(a.shape[1:]), tf.as_dtype(a.dtype))
 
     return [tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y)]
+
+
+def _flush_board(board: Optional[tensorboard.TrainingLog], step: int, epsilon: Optional[float]) -> None:
+    """Writes the buffered TensorBoard points (with ε spent after ``step`` steps, if computed)."""
+    if board is None:
+        return
+    if epsilon is not None:
+        board.record_epsilon(step, epsilon)
+    board.flush()
 
 
 def train_privately(
@@ -512,6 +527,7 @@ def train_privately(
         manager.save(checkpoint_number=ledger.steps)
 
     sampler = BatchSampler(privacy.sampling, n, loop.batch_size, noise)
+    board = tensorboard.open_training_log(loop.tensorboard_dir, clipped=mechanism.l2_norm_clip is not None)
     compiled = None
     step_times, values = [], []
     examples, steady_examples, steady_time = 0, 0, 0.0
@@ -537,17 +553,23 @@ def train_privately(
         else:
             ledger.record_not_private(not_private, 1)
         done = step + 1
+        if board is not None:
+            board.record_step(done, loss, float(metrics["clipped_fraction"]), values[-1], 1000 * dt)
         if done % loop.log_every == 0 or done == planned:
             elapsed = time.perf_counter() - t_start
             rate = examples / max(elapsed, 1e-9)
             eta = (planned - done) * elapsed / max(done - start, 1)
-            eps_text = ""
-            if event is not None and (done == planned or done % (loop.log_every * 10) == 0):
-                eps_text = f" epsilon={ledger.epsilon(delta, privacy.accountant):.4g}"
+            spent = None  # a PLD epsilon is slow: at progress points only (every one with TensorBoard)
+            if event is not None and (done == planned or done % (loop.log_every * 10) == 0 or board is not None):
+                spent = ledger.epsilon(delta, privacy.accountant)
+            eps_text = "" if spent is None else f" epsilon={spent:.4g}"
             log.info("step %d/%d loss=%.4f %.0f examples/s eta %.0fs%s", done, planned, loss, rate, eta, eps_text)
+            _flush_board(board, done, spent)
         if manager is not None and done % loop.checkpoint_every == 0 and done < planned:
             save()
     elapsed = time.perf_counter() - t_start
+    if board is not None:
+        board.close()
     mechanism.flush()
     if manager is not None and planned > start:
         save()

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from absl import logging as absl_logging
 import dp_accounting
 
 from trainers.loop import TrainResult
@@ -24,11 +25,20 @@ SHUFFLE_NOTE = (
 )
 
 
+#: Libraries whose INFO lines (checkpoint sharding times, SavedModel asset paths) are noise in an app's log;
+#: their warnings and errors are still shown.
+QUIET_LIBRARY_LOGGERS = ("absl", "tensorflow")
+
+
 def setup_logging() -> None:
-    """Progress lines on stderr (the JSON result goes to stdout)."""
+    """Progress lines on stderr (the JSON result goes to stdout); TensorFlow's and absl's INFO lines hidden."""
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True
     )
+    for name in QUIET_LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # absl's own setting too: code that silences absl for a while restores this verbosity, not the logger level.
+    absl_logging.set_verbosity(absl_logging.WARNING)
 
 
 def _round(x: Optional[float], digits: int = 4):

@@ -50,6 +50,10 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if __name__ == "__main__":  # before TensorFlow is imported: no C++ startup noise (cuInit, cuDNN factories)
+    from trainers import startup
+
+    startup.quiet_tensorflow_startup()
 
 import dataclasses
 import logging
@@ -64,6 +68,7 @@ from tfdp_sparse.data import movielens
 from trainers import loop as loop_lib
 from trainers import common_flags
 from trainers import summary
+from trainers import tensorboard
 
 FLAGS = flags.FLAGS
 
@@ -109,6 +114,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_integer("checkpoint_every", 1000, "steps between checkpoints", **fv)
     flags.DEFINE_string("metrics_out", None, "write the final JSON line here", **fv)
     flags.DEFINE_integer("log_every", 100, "steps between progress lines", **fv)
+    common_flags.define_tensorboard_flag(flag_values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,7 +265,10 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
     train, evaluation, num_rows, info = load_data(run.data)
     model, result = train_model(run, train, num_rows)
     quality = dual_encoder.evaluate_retrieval(model, evaluation)
+    tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, quality)
     extra = dict(info)
+    extra["outside_guarantee"] = [*extra.get("outside_guarantee", []),
+                                  *tensorboard.outside_guarantee(run.loop.tensorboard_dir)]
     extra.update({k: round(v, 5) for k, v in quality.items()})
     extra.update(context_tower=run.model.context_tower, negatives=run.model.negatives,
                  share_embeddings=run.model.share_embeddings)
@@ -308,7 +317,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
         batch_size=fv.batch_size, steps=steps, learning_rate=fv.learning_rate, seed=fv.seed,
         noise_seed=fv.noise_seed, model_dir=fv.model_dir, checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
         dense_optimizer=fv.dense_optimizer, dense_learning_rate=fv.dense_learning_rate,
-        calibrate_noise=fv.noise_multiplier is None,
+        calibrate_noise=fv.noise_multiplier is None, tensorboard_dir=fv.tensorboard_dir,
     )
     data = DataConfig(
         source=fv.data, movies=fv.movies, max_bad_fraction=fv.max_bad_fraction, num_users=fv.num_users,

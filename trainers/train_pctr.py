@@ -38,6 +38,10 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if __name__ == "__main__":  # before TensorFlow is imported: no C++ startup noise (cuInit, cuDNN factories)
+    from trainers import startup
+
+    startup.quiet_tensorflow_startup()
 
 import dataclasses
 import logging
@@ -58,6 +62,7 @@ from tfdp_sparse.noise_source import NoiseSource
 from trainers import loop as loop_lib
 from trainers import common_flags
 from trainers import summary
+from trainers import tensorboard
 
 FLAGS = flags.FLAGS
 
@@ -99,6 +104,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_string("export_dir", None, "write a SavedModel (raw features in, probability out) here", **fv)
     flags.DEFINE_string("metrics_out", None, "write the final JSON line here", **fv)
     flags.DEFINE_integer("log_every", 50, "steps between progress lines", **fv)
+    common_flags.define_tensorboard_flag(flag_values)
     flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; not with lazydp)", **fv)
     flags.DEFINE_boolean("compare_dpsgd_step", False, "also time dense DP-SGD steps on this model and print the "
                          "ratio", **fv)
@@ -401,6 +407,9 @@ def train_and_evaluate(run: PctrRun) -> dict:
         selection_counts=lambda: selection_counts(train["cat"], vocab_sizes), pre_training=data.pre_training,
     )
     auc = evaluate_auc(model, evaluation)
+    tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, {"auc": auc})
+    info = {**info, "outside_guarantee": [*info.get("outside_guarantee", []),
+                                          *tensorboard.outside_guarantee(run.loop.tensorboard_dir)]}
     dense_values = sum(v * pctr.embedding_dim(v) for v in vocab_sizes)
     metrics = summary.metrics_line(result, auc=auc, dense_embedding_values=dense_values, extra=info)
     if run.compare_dpsgd_step and metrics["step_ms"]:
@@ -470,6 +479,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         dense_optimizer=fv.dense_optimizer,
         dense_learning_rate=fv.dense_learning_rate,
         calibrate_noise=fv.noise_multiplier is None,
+        tensorboard_dir=fv.tensorboard_dir,
     )
     try:
         hidden = tuple(int(h) for h in fv.hidden)

@@ -236,3 +236,21 @@ def test_movielens_names_what_is_outside_the_guarantee(tmp_path):
     movies.write_text("movieId,title,genres\n" + "".join(f"{m},Movie {m} (1999),Drama\n" for m in range(1, 9)))
     *_, info = tde.load_data(dataclasses.replace(config, movies=str(movies)))
     assert not any("movie id space" in item for item in info["outside_guarantee"])
+
+
+def test_in_batch_run_is_recorded_not_private_and_refuses_a_budget():
+    """The loop itself records the caveat: no epsilon is printed, plotted (TensorBoard) or budgeted."""
+    from trainers import loop as loop_lib
+    from trainers import train_dual_encoder as tde
+    data = tde.DataConfig(num_users=100, num_movies=60, num_examples=200, num_eval_examples=50, context_length=4)
+    model = de.DualEncoderConfig(num_rows=2, context_length=4, dim=4, negatives="in_batch")
+    train, _, num_rows, _ = tde.load_data(data)
+    loop = loop_lib.LoopConfig(batch_size=16, steps=2, learning_rate=1.0, calibrate_noise=False)
+    run = tde.DualEncoderRun(privacy=PrivacyConfig(algorithm="dpsgd", noise_multiplier=1.0), loop=loop, data=data,
+                             model=model)
+    _, result = tde.train_model(run, train, num_rows)
+    assert result.epsilon is None and not result.private and not result.ledger.is_private
+    assert any("sensitivity" in r for r in result.not_private_reasons)
+    budgeted = dataclasses.replace(run, privacy=PrivacyConfig(algorithm="dpsgd", target_epsilon=1.0))
+    with pytest.raises(ValueError, match="target_epsilon=1.0 is meaningless.*sensitivity"):
+        tde.train_model(budgeted, train, num_rows)

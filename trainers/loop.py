@@ -362,6 +362,7 @@ def train_privately(
     mechanism_factory: Callable[[PrivacyConfig], Mechanism] = None,
     selection_counts: Optional[Callable[[], Sequence[np.ndarray]]] = None,
     pre_training: Sequence[PreTrainingRelease] = (),
+    sensitivity_caveat: Optional[str] = None,
 ) -> TrainResult:
     """Trains ``model`` on ``arrays`` with the mechanism named in ``privacy``.
 
@@ -384,6 +385,9 @@ def train_privately(
       pre_training: data-dependent releases made before training (a DP
         vocabulary): recorded first in the ledger, included in σ
         calibration, their ``extra_delta`` taken from the run's δ.
+      sensitivity_caveat: why the model's loss breaks the per-example
+        sensitivity bound C (e.g. in-batch negatives): the ledger records the
+        run as not private, so no ε is printed, plotted or budgeted.
 
     Raises:
       ValueError: bad settings, a ``model_dir`` holding a run with other
@@ -430,9 +434,9 @@ def train_privately(
 
     probe = build(privacy)
     event, not_private = _step_event(probe, q)
-    if budgeted and (not_private is not None or privacy.algorithm == "sgd"):
+    if budgeted and (not_private is not None or probe.l2_norm_clip is None or sensitivity_caveat):
         raise ValueError(f"target_epsilon={privacy.target_epsilon} is meaningless for {privacy.algorithm}: "
-                         f"{not_private or 'non-private training'}")
+                         f"{not_private or sensitivity_caveat or 'non-private training'}")
     check_accountant(probe, privacy.accountant)
     if calibrating and not latest:
         setup = _compose_setup([r.event for r in pre_training], _probe_setup_event(build, privacy, model))
@@ -488,6 +492,8 @@ def train_privately(
         setup = mechanism.setup_event()
         if setup is not None:
             ledger.record(setup)
+        if sensitivity_caveat:
+            ledger.record_not_private(sensitivity_caveat)
     start = ledger.steps
 
     planned = loop.steps
@@ -560,7 +566,7 @@ def train_privately(
             rate = examples / max(elapsed, 1e-9)
             eta = (planned - done) * elapsed / max(done - start, 1)
             spent = None  # a PLD epsilon is slow: at progress points only (every one with TensorBoard)
-            if event is not None and (done == planned or done % (loop.log_every * 10) == 0 or board is not None):
+            if event is not None and ledger.is_private and (done == planned or done % (loop.log_every * 10) == 0 or board is not None):
                 spent = ledger.epsilon(delta, privacy.accountant)
             eps_text = "" if spent is None else f" epsilon={spent:.4g}"
             log.info("step %d/%d loss=%.4f %.0f examples/s eta %.0fs%s", done, planned, loss, rate, eta, eps_text)

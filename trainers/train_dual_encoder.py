@@ -252,8 +252,10 @@ def train_model(run: DualEncoderRun, train, num_rows: int):
     if int(np.max(train["label"])) >= num_rows or int(np.max(train["context"])) >= num_rows:
         raise ValueError(f"training ids exceed the {num_rows - 1} movies of the vocabulary")
     model = dual_encoder.build_dual_encoder(config, seed=run.loop.seed)
+    caveat = None if config.negatives in dual_encoder.BOUNDED_NEGATIVES else (
+        dual_encoder.IN_BATCH_NOTE.removeprefix("not available: "))
     result = loop_lib.train_privately(model, model.per_example_loss, train, run.privacy, run.loop,
-                                      features=example_features)
+                                      features=example_features, sensitivity_caveat=caveat)
     return model, result
 
 

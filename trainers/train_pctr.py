@@ -46,7 +46,7 @@ if __name__ == "__main__":  # before TensorFlow is imported: no C++ startup nois
 import dataclasses
 import logging
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from absl import app, flags
 import numpy as np
@@ -55,7 +55,7 @@ import tensorflow as tf
 from models import pctr
 from tfdp_sparse import export as export_lib
 from tfdp_sparse.config import PrivacyConfig
-from tfdp_sparse.data import synthetic
+from tfdp_sparse.data import prepared_rows, synthetic
 from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES
 from tfdp_sparse.data.vocabulary import VocabularyKind
 from tfdp_sparse.noise_source import NoiseSource
@@ -73,9 +73,14 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     common_flags.define_privacy_flags(flag_values)
     flags.DEFINE_integer("batch_size", 1024, "(expected) batch size B", **fv)
     flags.DEFINE_integer("steps", None, "training steps (or use --epochs)", **fv)
-    flags.DEFINE_float("epochs", None, "training epochs (steps = epochs * N / B; synthetic data only)", **fv)
+    flags.DEFINE_float("epochs", None, "training epochs (steps = ceil(epochs * N / B), N known once the data is read)", **fv)
     common_flags.define_optimizer_flags(flag_values, learning_rate=5.0)
-    flags.DEFINE_string("data", "synthetic", "'synthetic' or the path of a Criteo Kaggle TSV (optionally .gz)", **fv)
+    flags.DEFINE_string("data", "synthetic", "'synthetic', the path of a Criteo Kaggle TSV (optionally .gz), or a "
+                        "directory written by python -m tfdp_sparse.data.criteo_prepare (memory-mapped days)", **fv)
+    flags.DEFINE_string("train_days", None, "prepared directory: days to train on, e.g. 0-17 (default: all but the "
+                        "last)", **fv)
+    flags.DEFINE_string("eval_days", None, "prepared directory: held-out days to evaluate on, e.g. 18-23 (default: "
+                        "the last)", **fv)
     flags.DEFINE_string("eval_data", None, "Criteo TSV for evaluation (default: last --eval_fraction of --data)", **fv)
     flags.DEFINE_float("eval_fraction", 0.1, "held-out fraction when --eval_data is not given", **fv)
     flags.DEFINE_float("max_malformed_fraction", 0.01, "fail if more Criteo lines than this are malformed", **fv)
@@ -137,6 +142,8 @@ class DataConfig:
     vocab_file: Optional[str] = None
     vocab_epsilon: float = 1.0
     vocab_delta: Optional[float] = None
+    train_days: Optional[str] = None
+    eval_days: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +157,12 @@ class PctrData:
     vocab_sizes: tuple
     info: dict
     pre_training: tuple = ()
+    #: ``(arrays, indices) -> (features, labels)`` for data not held in memory (prepared days).
+    features: Optional[Callable] = None
+    #: ``() -> counts per table`` of the training rows (DP-FEST's private selection).
+    counts: Optional[Callable] = None
+    #: False when the ids and dense values are valid by construction (prepared days).
+    needs_checks: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +176,8 @@ class PctrRun:
     export_dir: Optional[str] = None
     metrics_out: Optional[str] = None
     compare_dpsgd_step: bool = False
+    #: With ``epochs``, ``loop.steps`` is set to ``ceil(epochs * N / B)`` once N is known.
+    epochs: Optional[float] = None
 
 
 def check_features(arrays, vocab_sizes, name: str) -> None:
@@ -281,6 +296,8 @@ def load_data(config: DataConfig, noise: Optional[NoiseSource] = None, run_delta
     check_vocab_settings(config)
     if config.source == "synthetic":
         return _synthetic_data(config)
+    if prepared_rows.is_prepared_dir(config.source):
+        return _prepared_data(config)
     if not os.path.isfile(config.source):
         raise ValueError(f"data={config.source!r} is neither 'synthetic' nor an existing Criteo TSV file")
     if config.eval_source is not None and not os.path.isfile(config.eval_source):
@@ -312,6 +329,37 @@ def load_data(config: DataConfig, noise: Optional[NoiseSource] = None, run_delta
     ]
     info = {"data": config.source, **read_info, **vocab_info, "outside_guarantee": outside}
     return PctrData(train, evaluation, tuple(vocab.sizes), info, releases)
+
+
+def _prepared_data(config: DataConfig) -> PctrData:
+    """Days written by ``python -m tfdp_sparse.data.criteo_prepare``, read memory-mapped (hash ids only)."""
+    from tfdp_sparse.data import prepared
+
+    if config.vocab != VocabularyKind.HASH:
+        raise ValueError(f"vocab={config.vocab.value!r}: a prepared directory holds hashed ids; prepare the days "
+                         "again for another vocabulary, or use --vocab=hash")
+    data = prepared.open_prepared(config.source, verify=False)
+    if tuple(data.vocab_sizes) != tuple(config.hash_buckets):
+        raise ValueError(f"{config.source!r} was prepared with hash buckets {list(data.vocab_sizes)}, but "
+                         f"--hash_buckets asks for {list(config.hash_buckets)}")
+    train_spec, eval_spec = prepared_rows.day_split(data, config.train_days, config.eval_days)
+    train, evaluation = prepared_rows.PreparedRows(data, train_spec), prepared_rows.PreparedRows(data, eval_spec)
+    overlap = set(prepared.parse_days(train_spec, data.days)) & set(prepared.parse_days(eval_spec, data.days))
+    if overlap:
+        raise ValueError(f"train_days={train_spec!r} and eval_days={eval_spec!r} share days "
+                         f"{[data.days[i] for i in sorted(overlap)]}: evaluation must be held out")
+    log.info("prepared Criteo %s: training on days %s (%d rows), evaluating on days %s (%d rows)",
+             config.source, train_spec, len(train), eval_spec, len(evaluation))
+    malformed = sum(sum(d.get("malformed_by_kind", {}).values()) for d in data.manifest["days"])
+    info = {"data": config.source, "train_days": train_spec, "eval_days": eval_spec, "malformed": malformed,
+            "vocab": "hash", "outside_guarantee": [
+                f"number of training examples N={len(train)} (sets the sampling rate B/N and the default delta)",
+                "malformed-line counts of the prepared days (from the manifest)",
+                f"evaluation AUC on days {eval_spec}: computed exactly, those examples are not protected",
+            ]}
+    return PctrData(train.arrays(), evaluation.arrays(), tuple(data.vocab_sizes), info,
+                    features=lambda arrays, idx: train.features(idx),
+                    counts=lambda: train.counts(data.vocab_sizes), needs_checks=False)
 
 
 def evaluate_auc(model: tf.keras.Model, arrays, batch_size: int = 8192) -> Optional[float]:
@@ -398,13 +446,20 @@ def train_and_evaluate(run: PctrRun) -> dict:
     _check_run(run)
     data = load_data(run.data, NoiseSource(run.loop.noise_seed), run.privacy.delta, run.loop.model_dir)
     train, evaluation, vocab_sizes, info = data.train, data.evaluation, data.vocab_sizes, data.info
-    check_features(train, vocab_sizes, "training data")
-    check_features(evaluation, vocab_sizes, "evaluation data")
+    if data.needs_checks:
+        check_features(train, vocab_sizes, "training data")
+        check_features(evaluation, vocab_sizes, "evaluation data")
+    loop = run.loop
+    if run.epochs is not None:
+        n = len(train["label"])
+        loop = dataclasses.replace(loop, steps=max(1, int(np.ceil(run.epochs * n / loop.batch_size))))
+        log.info("epochs=%g over N=%d examples at B=%d: %d steps", run.epochs, n, loop.batch_size, loop.steps)
     privacy = cap_k(run.privacy, vocab_sizes)
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden), seed=run.loop.seed)
     result = loop_lib.train_privately(
-        model, pctr.per_example_loss, train, privacy, run.loop,
-        selection_counts=lambda: selection_counts(train["cat"], vocab_sizes), pre_training=data.pre_training,
+        model, pctr.per_example_loss, train, privacy, loop, features=data.features,
+        selection_counts=data.counts or (lambda: selection_counts(train["cat"], vocab_sizes)),
+        pre_training=data.pre_training,
     )
     auc = evaluate_auc(model, evaluation)
     tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, {"auc": auc})
@@ -457,14 +512,14 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         vocab_file=fv.vocab_file,
         vocab_epsilon=fv.vocab_epsilon,
         vocab_delta=fv.vocab_delta,
+        train_days=fv.train_days,
+        eval_days=fv.eval_days,
     )
     steps = fv.steps
     if steps is None:
-        if fv.data != "synthetic":
-            raise app.UsageError("--epochs needs the data size: use --steps with Criteo files")
         if not fv.epochs > 0 or fv.batch_size < 1:
             raise ValueError(f"epochs must be > 0 and batch_size >= 1, got {fv.epochs!r} and {fv.batch_size!r}")
-        steps = max(1, int(np.ceil(fv.epochs * n_train / fv.batch_size)))
+        steps = 1  # placeholder: train_and_evaluate sets ceil(epochs * N / B) once the data size N is known
     privacy = common_flags.privacy_from_flags(fv)
     loop = loop_lib.LoopConfig(
         batch_size=fv.batch_size,
@@ -493,6 +548,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         export_dir=fv.export_dir,
         metrics_out=fv.metrics_out,
         compare_dpsgd_step=fv.compare_dpsgd_step,
+        epochs=fv.epochs,
     )
 
 

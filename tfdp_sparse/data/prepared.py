@@ -136,6 +136,8 @@ def parse_days(spec: DaySpec, names: Sequence[str]) -> tuple[int, ...]:
             if lo > hi:
                 raise ValueError(f"days {spec!r}: the range is empty ({lo} > {hi})")
             spec = range(lo, hi + 1)
+        elif spec.isdigit() and spec not in names:
+            spec = [int(spec)]  # "2": the position, as on a command line
         else:
             spec = [spec]
     elif isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):

@@ -367,6 +367,7 @@ def test_report_table_formatting(tmp_path, capsys):
         "dpsgd      0.7     1        1e-06  1.235  400  ",
         "",
         "sgd: not available: non-private training (no clipping, no noise)",
+        "dpsgd: AUC 0.7000, 0.0512 below non-private (0.7512)",
         "dpsgd: privacy budget: stopped at step 400 of 500",
     ])
     assert report.format_table(rows) == expected

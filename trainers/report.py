@@ -37,6 +37,15 @@ def _cell(row: dict, key: str) -> str:
     return str(value)
 
 
+def _gap_to_nonprivate(rows: list[dict]) -> list[str]:
+    """``"lazydp: AUC 0.7012, 0.0403 below non-private (0.7415)"`` for each private row, when an sgd row exists."""
+    reference = next((r for r in rows if r.get("algorithm") == "sgd" and r.get("auc") is not None), None)
+    if reference is None:
+        return []
+    return [f"{r['algorithm']}: AUC {r['auc']:.4f}, {reference['auc'] - r['auc']:.4f} below non-private "
+            f"({reference['auc']:.4f})" for r in rows if r is not reference and r.get("auc") is not None]
+
+
 def format_table(rows: list[dict]) -> str:
     """A plain-text table, one row per run, then notes (why epsilon is n/a, budget stops).
 
@@ -52,6 +61,7 @@ def format_table(rows: list[dict]) -> str:
     notes += [f"{r['algorithm']}: not private: {reason}" for r in rows for reason in r.get("not_private_reasons", [])
               if reason != r.get("epsilon_note", "").removeprefix("not available: ")]
     notes += [f"{r['algorithm']}: outside the guarantee: {item}" for r in rows for item in r.get("outside_guarantee", [])]
+    notes += _gap_to_nonprivate(rows)
     notes += [f"{r['algorithm']}: {r['stop_reason']}" for r in rows
               if str(r.get("stop_reason", "")).startswith("privacy budget")]
     return "\n".join(lines + ([""] + notes if notes else []))

@@ -47,6 +47,7 @@ from typing import Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 import numpy as np
 
 from tfdp_sparse.data.criteo_schema import NUM_CATEGORICAL, NUM_DENSE, NUM_TSV_FIELDS
+from tfdp_sparse.data.json_files import load_format_json
 from tfdp_sparse.data.vocabulary import (
     MISSING,
     HashVocabulary,
@@ -307,15 +308,7 @@ def save_vocabularies(vocabularies, path: PathLike) -> None:
 def load_vocabularies(path: PathLike) -> list[dict[str, int]]:
     """Read vocabularies written by :func:`save_vocabularies`."""
     path = os.fspath(path)
-    with open(path, "r", encoding="utf-8") as f:
-        try:
-            payload = json.load(f)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not a vocabulary JSON file ({err})") from None
-    if not isinstance(payload, dict) or payload.get("format") != VOCAB_FORMAT:
-        raise ValueError(f"{path}: not a {VOCAB_FORMAT} file")
-    if payload.get("version") != VOCAB_FORMAT_VERSION:
-        raise ValueError(f"{path}: unsupported vocabulary version {payload.get('version')!r}")
+    payload = load_format_json(path, VOCAB_FORMAT, VOCAB_FORMAT_VERSION, "vocabulary")
     features = payload.get("features")
     if not isinstance(features, list) or len(features) != NUM_CATEGORICAL:
         raise ValueError(f"{path}: expected {NUM_CATEGORICAL} feature vocabularies")

@@ -35,7 +35,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from typing import Sequence, Union
@@ -44,6 +43,7 @@ import numpy as np
 
 from tfdp_sparse.data.criteo_schema import NUM_CATEGORICAL, NUM_DENSE
 from tfdp_sparse.data.npy_append import sha256_of_npy_data
+from tfdp_sparse.data.json_files import load_format_json
 
 PathLike = Union[str, os.PathLike]
 DaySpec = Union[None, int, str, range, Sequence[Union[int, str]]]
@@ -70,17 +70,7 @@ def load_manifest(directory: PathLike) -> dict:
     if not os.path.exists(path):
         raise ValueError(f"{directory!r} has no {MANIFEST}: not a prepared Criteo directory, or its "
                          f"preparation has not finished a day yet (rerun criteo_prepare)")
-    with open(path, "r", encoding="utf-8") as f:
-        try:
-            manifest = json.load(f)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not a JSON manifest ({err})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a {FORMAT} manifest")
-    if manifest.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: unsupported manifest version {manifest.get('version')!r} "
-                         f"(this reader knows {FORMAT_VERSION})")
-    return manifest
+    return load_format_json(path, FORMAT, FORMAT_VERSION, "manifest")
 
 
 @dataclasses.dataclass(frozen=True)

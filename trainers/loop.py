@@ -363,6 +363,7 @@ def train_privately(
     selection_counts: Optional[Callable[[], Sequence[np.ndarray]]] = None,
     pre_training: Sequence[PreTrainingRelease] = (),
     sensitivity_caveat: Optional[str] = None,
+    optimizer: Optional[DPOptimizer] = None,
 ) -> TrainResult:
     """Trains ``model`` on ``arrays`` with the mechanism named in ``privacy``.
 
@@ -388,6 +389,12 @@ def train_privately(
       sensitivity_caveat: why the model's loss breaks the per-example
         sensitivity bound C (e.g. in-batch negatives): the ledger records the
         run as not private, so no ε is printed, plotted or budgeted.
+      optimizer: continue with this :class:`DPOptimizer` (the ``optimizer``
+        of an earlier :class:`TrainResult` on the same ``model``) and its
+        mechanism instead of building new ones: weights, optimizer slots,
+        noise generator and selection carry over, the ledger starts afresh
+        (streaming periods, :mod:`trainers.periods`). Its step event must be
+        the one ``privacy`` describes; not with ``loop.model_dir``.
 
     Raises:
       ValueError: bad settings, a ``model_dir`` holding a run with other
@@ -444,15 +451,21 @@ def train_privately(
         log.info("calibrated noise_multiplier=%.4f for epsilon=%s at delta=%.3g over %d steps",
                  privacy.noise_multiplier, privacy.target_epsilon, delta, loop.steps)
 
-    mechanism = build(privacy)
+    if optimizer is None:
+        mechanism = build(privacy)
+        mechanism.bind_model(model)
+        optimizer = DPOptimizer(
+            mechanism,
+            learning_rate=loop.learning_rate,
+            expected_batch_size=loop.batch_size,
+            dense_optimizer=make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate),
+        )
+    else:
+        mechanism = optimizer.mechanism
+        if loop.model_dir or mechanism.step_event(q) != build(privacy).step_event(q):
+            raise ValueError(f"optimizer: a continued optimizer needs model_dir=None (got {loop.model_dir!r}) and "
+                             f"the step event of privacy={privacy} (its mechanism: {mechanism.describe()})")
     event, not_private = _step_event(mechanism, q)
-    mechanism.bind_model(model)
-    optimizer = DPOptimizer(
-        mechanism,
-        learning_rate=loop.learning_rate,
-        expected_batch_size=loop.batch_size,
-        dense_optimizer=make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate),
-    )
     step_fn = PrivateStep(model, loss_fn, optimizer, jit_compile=loop.jit_compile)
 
     record = {"format": _RUN_FORMAT, "settings": identity, "noise_multiplier": privacy.noise_multiplier}

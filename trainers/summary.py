@@ -65,7 +65,7 @@ def step_noise_multiplier(event: Optional[dp_accounting.DpEvent]) -> Optional[fl
 
 def _noise_multiplier(result: TrainResult) -> Optional[float]:
     """σ charged per step; for a mechanism without an event (EANA) the σ it draws with."""
-    if result.privacy.algorithm == "sgd":
+    if result.mechanism.l2_norm_clip is None:  # no clipping: no noise scale to speak of
         return None
     sigma = step_noise_multiplier(result.mechanism.step_event(result.sampling_probability))
     return sigma if sigma is not None else result.mechanism.describe().get("noise_multiplier")
@@ -112,7 +112,7 @@ def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_valu
         "epsilon": _round(result.epsilon),
         "delta": result.delta,
         "noise_multiplier": _round(_noise_multiplier(result)),
-        "l2_norm_clip": privacy.l2_norm_clip if privacy.algorithm != "sgd" else None,
+        "l2_norm_clip": result.mechanism.l2_norm_clip,
         "accountant": privacy.accountant,
         "sampling": privacy.sampling,
         "target_epsilon": privacy.target_epsilon,

@@ -24,6 +24,9 @@ the run has no guarantee, e.g. EANA or sgd).
   ``--vocab=dp`` (Gaussian thresholding of training counts, charged to ε:
   ``--vocab_epsilon``, ``--vocab_delta``). The JSON line's
   ``outside_guarantee`` names every data-dependent choice ε does not cover.
+* ``--streaming_periods=P`` (prepared directories): train on P consecutive
+  periods of whole ``--train_days``, evaluating after each (``period_auc``);
+  ε is the max over periods (parallel composition, :mod:`trainers.periods`).
 * ``--export_dir``: SavedModel ``serve(cat=int64 ids [B, 26], dense=raw
   counts float32 [B, 13]) -> {"probability": [B]}``.
 * Bad settings and bad data (ids outside a table, non-finite dense values,
@@ -81,6 +84,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                         "last)", **fv)
     flags.DEFINE_string("eval_days", None, "prepared directory: held-out days to evaluate on, e.g. 18-23 (default: "
                         "the last)", **fv)
+    flags.DEFINE_integer("streaming_periods", None, "prepared directory: split --train_days into this many "
+                         "consecutive periods of whole days and train period by period, evaluating after each "
+                         "(--steps / --epochs per period; epsilon = max over periods, parallel composition: "
+                         "trainers/periods.py)", **fv)
     flags.DEFINE_string("eval_data", None, "Criteo TSV for evaluation (default: last --eval_fraction of --data)", **fv)
     flags.DEFINE_float("eval_fraction", 0.1, "held-out fraction when --eval_data is not given", **fv)
     flags.DEFINE_float("max_malformed_fraction", 0.01, "fail if more Criteo lines than this are malformed", **fv)
@@ -163,6 +170,8 @@ class PctrData:
     counts: Optional[Callable] = None
     #: False when the ids and dense values are valid by construction (prepared days).
     needs_checks: bool = True
+    #: The training rows of a prepared directory (``PreparedRows``; streaming periods split their days).
+    rows: Optional[prepared_rows.PreparedRows] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +187,8 @@ class PctrRun:
     compare_dpsgd_step: bool = False
     #: With ``epochs``, ``loop.steps`` is set to ``ceil(epochs * N / B)`` once N is known.
     epochs: Optional[float] = None
+    #: Train period by period on this many consecutive groups of training days (prepared directories only).
+    streaming_periods: Optional[int] = None
 
 
 def check_features(arrays, vocab_sizes, name: str) -> None:
@@ -359,7 +370,7 @@ def _prepared_data(config: DataConfig) -> PctrData:
             ]}
     return PctrData(train.arrays(), evaluation.arrays(), tuple(data.vocab_sizes), info,
                     features=lambda arrays, idx: train.features(idx),
-                    counts=lambda: train.counts(data.vocab_sizes), needs_checks=False)
+                    counts=lambda: train.counts(data.vocab_sizes), needs_checks=False, rows=train)
 
 
 def evaluate_auc(model: tf.keras.Model, arrays, batch_size: int = 8192) -> Optional[float]:
@@ -434,7 +445,37 @@ def _check_run(run: PctrRun) -> None:
             "the sampling probability B/N would exceed 1; use a smaller batch or more data"
         )
     pctr.PctrConfig(vocab_sizes=(2,), hidden=tuple(run.hidden)).validate()
+    if run.streaming_periods is not None:
+        _check_streaming(run)
     loop_lib.make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate)
+
+
+def _check_streaming(run: PctrRun) -> None:
+    """``streaming_periods`` needs a prepared directory and no checkpoints (the count is checked with the days)."""
+    periods = run.streaming_periods
+    if isinstance(periods, bool) or int(periods) != periods or periods < 1:
+        raise ValueError(f"streaming_periods must be an integer >= 1, got {periods!r}")
+    if run.data.source == "synthetic" or not prepared_rows.is_prepared_dir(run.data.source):
+        raise ValueError(f"streaming_periods={periods} needs --data=DIR, a directory written by python -m "
+                         f"tfdp_sparse.data.criteo_prepare (periods are whole days), got data={run.data.source!r}")
+    if run.loop.model_dir:
+        raise ValueError(f"model_dir={run.loop.model_dir!r} cannot be used with streaming_periods={periods}: "
+                         "checkpoints and resumes of a period-by-period run are not supported")
+
+
+def _train_periods(run: PctrRun, data: PctrData, model: tf.keras.Model, privacy: PrivacyConfig):
+    """``(combined TrainResult, AUC after the last period, metrics fields)`` of a streaming-periods run."""
+    from trainers import periods
+
+    streamed = periods.train_in_periods(
+        model, pctr.per_example_loss, data.rows, run.streaming_periods, privacy, run.loop,
+        evaluate=lambda m: evaluate_auc(m, data.evaluation), epochs=run.epochs, pre_training=data.pre_training,
+        selection_counts=data.counts)
+    fields = {**streamed.fields(), "outside_guarantee": [
+        *data.info.get("outside_guarantee", []),
+        f"examples per period N_p={streamed.examples} (set the sampling rates q_p = B/N_p)",
+        "evaluation AUC after every period, on the held-out days (not protected)"]}
+    return streamed.result, streamed.auc[-1], fields
 
 
 def train_and_evaluate(run: PctrRun) -> dict:
@@ -450,19 +491,23 @@ def train_and_evaluate(run: PctrRun) -> dict:
         check_features(train, vocab_sizes, "training data")
         check_features(evaluation, vocab_sizes, "evaluation data")
     loop = run.loop
-    if run.epochs is not None:
+    if run.epochs is not None and run.streaming_periods is None:
         n = len(train["label"])
         loop = dataclasses.replace(loop, steps=max(1, int(np.ceil(run.epochs * n / loop.batch_size))))
         log.info("epochs=%g over N=%d examples at B=%d: %d steps", run.epochs, n, loop.batch_size, loop.steps)
     privacy = cap_k(run.privacy, vocab_sizes)
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden), seed=run.loop.seed)
-    result = loop_lib.train_privately(
-        model, pctr.per_example_loss, train, privacy, loop, features=data.features,
-        selection_counts=data.counts or (lambda: selection_counts(train["cat"], vocab_sizes)),
-        pre_training=data.pre_training,
-    )
-    auc = evaluate_auc(model, evaluation)
-    tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, {"auc": auc})
+    if run.streaming_periods is not None:
+        result, auc, period_fields = _train_periods(run, data, model, privacy)
+        info = {**info, **period_fields}
+    else:
+        result = loop_lib.train_privately(
+            model, pctr.per_example_loss, train, privacy, loop, features=data.features,
+            selection_counts=data.counts or (lambda: selection_counts(train["cat"], vocab_sizes)),
+            pre_training=data.pre_training,
+        )
+        auc = evaluate_auc(model, evaluation)
+        tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, {"auc": auc})
     info = {**info, "outside_guarantee": [*info.get("outside_guarantee", []),
                                           *tensorboard.outside_guarantee(run.loop.tensorboard_dir)]}
     dense_values = sum(v * pctr.embedding_dim(v) for v in vocab_sizes)
@@ -549,6 +594,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         metrics_out=fv.metrics_out,
         compare_dpsgd_step=fv.compare_dpsgd_step,
         epochs=fv.epochs,
+        streaming_periods=fv.streaming_periods,
     )
 
 

@@ -126,11 +126,7 @@ def define_flags(fv: flags.FlagValues) -> None:
                        "dense lr of non-private SGD", **kw)
     flags.DEFINE_list("algorithms", list(_D.algorithms), f"subset of {','.join(SWEEP_ALGORITHMS)} (dpsgd required)",
                       **kw)
-    flags.DEFINE_list("k_grid", [str(k) for k in _D.k_grid], "DP-FEST: rows kept per feature", **kw)
-    flags.DEFINE_list("adafest_grid", [f"{t:g}:{r:g}" for t, r in _D.adafest_grid],
-                      "DP-AdaFEST: tau:sigma_ratio pairs", **kw)
-    flags.DEFINE_list("adafest_plus_grid", [f"{k}:{t:g}:{r:g}" for k, t, r in _D.adafest_plus_grid],
-                      "DP-AdaFEST+: k:tau:sigma_ratio triples", **kw)
+    define_grid_flags(fv, _D)
     flags.DEFINE_float("C1", _D.C1, "DP-AdaFEST: clip norm of the contribution vectors", **kw)
     flags.DEFINE_integer("selection_k", _D.selection_k, "k of the private-selection DP-FEST run (0: skip it)", **kw)
     flags.DEFINE_float("selection_epsilon", _D.selection_epsilon, "epsilon0 per Gumbel pick of that run", **kw)
@@ -143,6 +139,24 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_list("tune_dense_learning_rates", ["0.003", "0.01"], "--tune: dense learning rates", **kw)
     flags.DEFINE_enum("tune_algorithm", "lazydp", ["lazydp", "dpsgd"], "--tune: LazyDP (DP-SGD's distribution at "
                       "sparse cost) or dense DP-SGD", **kw)
+
+
+def define_grid_flags(fv: flags.FlagValues, defaults: SweepConfig) -> None:
+    """``--k_grid``, ``--adafest_grid``, ``--adafest_plus_grid`` (read by :func:`grids_from_flags`); shared with
+    ``python -m experiments.frontier``."""
+    kw = dict(flag_values=fv)
+    flags.DEFINE_list("k_grid", [str(k) for k in defaults.k_grid], "DP-FEST: rows kept per feature", **kw)
+    flags.DEFINE_list("adafest_grid", [f"{t:g}:{r:g}" for t, r in defaults.adafest_grid],
+                      "DP-AdaFEST: tau:sigma_ratio pairs", **kw)
+    flags.DEFINE_list("adafest_plus_grid", [f"{k}:{t:g}:{r:g}" for k, t, r in defaults.adafest_plus_grid],
+                      "DP-AdaFEST+: k:tau:sigma_ratio triples", **kw)
+
+
+def grids_from_flags(fv: flags.FlagValues) -> dict:
+    """``SweepConfig`` fields of the flags of :func:`define_grid_flags`."""
+    return dict(k_grid=tuple(int(k) for k in _floats(fv.k_grid, "k_grid")),
+                adafest_grid=_tuples(fv.adafest_grid, "adafest_grid", 2),
+                adafest_plus_grid=_tuples(fv.adafest_plus_grid, "adafest_plus_grid", 3))
 
 
 def _floats(values, name: str) -> tuple:
@@ -193,9 +207,7 @@ def config_from_flags(fv: flags.FlagValues) -> tuple[SweepConfig, Optional[dict]
         nonprivate_learning_rate=fv.nonprivate_learning_rate,
         nonprivate_dense_learning_rate=fv.nonprivate_dense_learning_rate,
         algorithms=tuple(fv.algorithms),
-        k_grid=tuple(int(k) for k in _floats(fv.k_grid, "k_grid")),
-        adafest_grid=_tuples(fv.adafest_grid, "adafest_grid", 2),
-        adafest_plus_grid=_tuples(fv.adafest_plus_grid, "adafest_plus_grid", 3),
+        **grids_from_flags(fv),
         C1=fv.C1,
         selection_k=fv.selection_k or None,
         selection_epsilon=fv.selection_epsilon,

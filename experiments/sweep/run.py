@@ -29,7 +29,7 @@ import json
 import logging
 import os
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from experiments.sweep.data import SweepData, prepare_data
 from experiments.sweep.grid import LABELS, RunSpec, SweepConfig, plan_runs
@@ -160,9 +160,16 @@ def _check_private_run(spec: RunSpec, config: SweepConfig, result: loop_lib.Trai
 
 def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCache, *,
             seed: Optional[int] = None, learning_rate: Optional[float] = None,
-            dense_learning_rate: Optional[float] = None, l2_norm_clip: Optional[float] = None) -> dict:
+            dense_learning_rate: Optional[float] = None, l2_norm_clip: Optional[float] = None,
+            noise_multiplier: Optional[float] = None,
+            on_result: Optional[Callable[[loop_lib.TrainResult], None]] = None) -> dict:
     """Trains and evaluates one run (``seed``: default the first of ``config.seeds``); returns its row
-    (the trainer's metrics line plus sweep fields)."""
+    (the trainer's metrics line plus sweep fields).
+
+    ``noise_multiplier`` fixes σ instead of calibrating it for the target ε (no ε check then: EANA,
+    which has no ε, runs at DP-SGD's σ in :mod:`experiments.frontier`); ``on_result`` receives the
+    run's ``TrainResult`` (its ledger, mechanism) before the row is returned.
+    """
     t_start = time.perf_counter()
     seed = config.seeds[0] if seed is None else seed
     n = len(data.train["label"])
@@ -171,7 +178,9 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
     private = spec.algorithm != "sgd"
     privacy, knobs = _privacy_config(spec, config, data, delta, l2_norm_clip)
     t_cal = 0.0
-    if private and not config.calibrate_each_run:
+    if private and noise_multiplier is not None:
+        privacy = dataclasses.replace(privacy, noise_multiplier=noise_multiplier, target_epsilon=None)
+    elif private and not config.calibrate_each_run:
         t0 = time.perf_counter()
         sigma = cache.sigma(privacy, q, config.steps, delta, seed)
         t_cal = time.perf_counter() - t0
@@ -192,7 +201,8 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
     row = summary.metrics_line(result, auc=auc, dense_embedding_values=dense_values, extra=data.info)
     row.pop("frequency_file", None)
     row.update(
-        group=spec.group, knobs=spec.label, seed=seed, target_epsilon=config.target_epsilon if private else None,
+        group=spec.group, knobs=spec.label, seed=seed,
+        target_epsilon=config.target_epsilon if private and noise_multiplier is None else None,
         learning_rate=lr, dense_optimizer=config.dense_optimizer, dense_learning_rate=dense_lr,
         batch_size=config.batch_size, num_examples=n, hidden=list(config.hidden),
         standardize_dense=config.standardize_dense, dense_embedding_values=dense_values,
@@ -201,8 +211,10 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
         timing_s=_timing_s(t_cal, seconds, result, t_start),
     )
     row.update(_mechanism_fields(result.mechanism, knobs))
-    if private:
+    if private and noise_multiplier is None:
         _check_private_run(spec, config, result)
+    if on_result is not None:
+        on_result(result)
     return row
 
 

@@ -97,7 +97,8 @@ def test_epsilon_is_the_max_over_periods_of_an_independent_computation(streamed)
 
 def test_batches_of_a_period_hold_only_its_rows(streamed):
     _, gathers, _ = streamed
-    train = [(days, idx) for days, idx in gathers if days != (4,)]
+    # (the input pipeline reads its signature from one empty gather per period: left out)
+    train = [(days, idx) for days, idx in gathers if days != (4,) and idx.size]
     assert [days for days, _ in train] == [(0, 1)] * 4 + [(2, 3)] * 4  # periods in order, 4 steps each
     for days, idx in train:
         n = N0 if days == (0, 1) else N1

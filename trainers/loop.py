@@ -50,7 +50,7 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import dp_accounting
 import numpy as np
@@ -61,6 +61,7 @@ from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.data import sampling
 from tfdp_sparse.data.sampling import BatchSampler
 from tfdp_sparse.noise_source import NoiseSource
 from trainers import tensorboard
@@ -343,6 +344,18 @@ def _signature_of(x, y):
     return [tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y)]
 
 
+def _batches(sampler: BatchSampler, gather: Callable, start: int, stop: int) -> Iterator[tuple]:
+    """``(step, batch size, x, y)`` for steps ``start .. stop-1``, drawn and gathered ahead through ``tf.data``.
+
+    The index draw (secret, from the run's noise source) and the gather (in
+    memory or from memory-mapped days) run in the input pipeline, prefetched
+    while the previous step trains (:func:`tfdp_sparse.data.sampling.sampled_batch_dataset`).
+    """
+    dataset = sampling.sampled_batch_dataset(sampler, gather, stop - start, first_step=start, with_indices=True)
+    for step, (idx, (x, y)) in zip(range(start, stop), dataset):
+        yield step, int(idx.shape[0]), x, y
+
+
 def _flush_board(board: Optional[tensorboard.TrainingLog], step: int, epsilon: Optional[float]) -> None:
     """Writes the buffered TensorBoard points (with ε spent after ``step`` steps, if computed)."""
     if board is None:
@@ -551,9 +564,7 @@ def train_privately(
     step_times, values = [], []
     examples, steady_examples, steady_time = 0, 0, 0.0
     t_start = time.perf_counter()
-    for step in range(start, planned):
-        idx = sampler.indices(step)
-        x, y = features(arrays, idx)
+    for step, batch_size, x, y in _batches(sampler, lambda idx: features(arrays, idx), start, planned):
         if compiled is None:
             # One trace with a free batch dimension instead of one per batch size.
             compiled = tf.function(step_fn.__call__, input_signature=_signature_of(x, y), autograph=False)
@@ -563,10 +574,10 @@ def train_privately(
         dt = time.perf_counter() - t0
         step_times.append(dt)
         if step > start:  # the first step traces the graph
-            steady_examples += len(idx)
+            steady_examples += batch_size
             steady_time += dt
         values.append(int(metrics["embedding_values"]))
-        examples += len(idx)
+        examples += batch_size
         if event is not None:
             ledger.record_step(event)
         else:

@@ -379,10 +379,13 @@ def evaluate_auc(model: tf.keras.Model, arrays, batch_size: int = 8192) -> Optio
     if labels.size == 0 or labels.min() == labels.max():
         log.warning("evaluation data has a single class: AUC is not defined")
         return None
-    predict = tf.function(lambda x: model(x, training=False), reduce_retracing=True, autograph=False)
+    # One trace for every batch (and every model of a process): a free batch dimension, fixed dtypes.
+    signature = [{"cat": tf.TensorSpec([None, None], tf.int64), "dense": tf.TensorSpec([None, None], tf.float32)}]
+    predict = tf.function(lambda x: model(x, training=False), input_signature=signature, autograph=False)
     scores = []
     for start in range(0, len(labels), batch_size):
-        x = {"cat": arrays["cat"][start : start + batch_size], "dense": arrays["dense"][start : start + batch_size]}
+        x = {"cat": np.asarray(arrays["cat"][start : start + batch_size], np.int64),
+             "dense": np.asarray(arrays["dense"][start : start + batch_size], np.float32)}
         scores.append(predict(x).numpy().reshape(-1))
     return synthetic.roc_auc(labels, np.concatenate(scores))
 

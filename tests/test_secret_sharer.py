@@ -102,8 +102,9 @@ def _train_dual_encoder(arrays, num_rows, steps, seed=0):
     from trainers.train_dual_encoder import example_features
 
     model = de.build_dual_encoder(de.DualEncoderConfig(num_rows=num_rows, context_length=5, dim=16), seed=seed)
+    # Reproducible batches (noise_seed): the statistical thresholds below are then checked on one fixed run.
     loop = loop_lib.LoopConfig(batch_size=32, steps=steps, learning_rate=20.0, seed=seed, log_every=steps,
-                               dense_optimizer="adam", dense_learning_rate=1e-2)
+                               dense_optimizer="adam", dense_learning_rate=1e-2, noise_seed=seed)
     loop_lib.train_privately(model, model.per_example_loss, arrays, PrivacyConfig(algorithm="sgd"), loop,
                              features=example_features)
     return de.softmax_loss_fn(model)

@@ -61,7 +61,7 @@ def test_secure_generator_is_standard_normal():
     from scipy import stats
 
     sample = NoiseSource.secure().tf_generator().normal([20_000]).numpy()
-    assert stats.kstest(sample, "norm").pvalue > 1e-3
+    assert stats.kstest(sample, "norm").pvalue > 1e-5  # unseedable by design: a false alarm 1 run in 1e5
     assert stats.kstest(sample, "norm", args=(0, 4 / 3)).pvalue < 1e-6
     assert stats.kstest(sample, "norm", args=(0, 2 / 3)).pvalue < 1e-6
 

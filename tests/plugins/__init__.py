@@ -1,0 +1,1 @@
+"""Mechanisms defined outside the library, for tests that plug them into the registry."""

@@ -292,7 +292,7 @@ def _probe_setup_event(build, privacy: PrivacyConfig, model) -> Optional[dp_acco
         return probe.setup_event()
 
 
-def _accounting_delta(delta: float, pre_training: Sequence[PreTrainingRelease]) -> float:
+def accounting_delta(delta: float, pre_training: Sequence[PreTrainingRelease]) -> float:
     """The δ left for the ledger's ε once the releases' own ``extra_delta`` is paid."""
     extra = sum(r.extra_delta for r in pre_training)
     if not 0 <= extra < delta:
@@ -304,10 +304,15 @@ def _accounting_delta(delta: float, pre_training: Sequence[PreTrainingRelease]) 
     return delta - extra
 
 
-def _compose_setup(events: Sequence[dp_accounting.DpEvent],
-                   setup: Optional[dp_accounting.DpEvent]) -> Optional[dp_accounting.DpEvent]:
-    """One event for everything charged before the first step (``None`` if nothing)."""
-    events = [e for e in [*events, setup] if e is not None]
+def charged_before_steps(build: Callable[[PrivacyConfig], Mechanism], privacy: PrivacyConfig, model,
+                         pre_training: Sequence[PreTrainingRelease]) -> Optional[dp_accounting.DpEvent]:
+    """One event for everything charged before the first step (``None`` if nothing), for σ calibration.
+
+    The releases' events, then the mechanism's one-off event (e.g. a private
+    selection), which must not depend on σ.
+    """
+    events = [r.event for r in pre_training] + [_probe_setup_event(build, privacy, model)]
+    events = [e for e in events if e is not None]
     if not events:
         return None
     return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
@@ -334,26 +339,23 @@ def _read_saved_run(path: str) -> tuple[dict, accounting.PrivacyLedger]:
     return record, accounting.PrivacyLedger.from_json(ledger_json)
 
 
-def _signature_of(x, y):
-    """Input signature with a free batch dimension (Poisson batches vary in size)."""
-
-    def spec(a):
-        a = np.asarray(a)
-        return tf.TensorSpec([None] + list(a.shape[1:]), tf.as_dtype(a.dtype))
-
-    return [tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y)]
-
-
-def _batches(sampler: BatchSampler, gather: Callable, start: int, stop: int) -> Iterator[tuple]:
-    """``(step, batch size, x, y)`` for steps ``start .. stop-1``, drawn and gathered ahead through ``tf.data``.
+def _batches(sampler: BatchSampler, gather: Callable, start: int, stop: int) -> tuple[list, Iterator[tuple]]:
+    """``(input signature, iterator of (step, batch size, x, y))`` for steps ``start .. stop-1``.
 
     The index draw (secret, from the run's noise source) and the gather (in
     memory or from memory-mapped days) run in the input pipeline, prefetched
     while the previous step trains (:func:`tfdp_sparse.data.sampling.sampled_batch_dataset`).
+    The signature is the pipeline's element spec: a free batch dimension, so
+    Poisson batches of every size share one trace.
     """
     dataset = sampling.sampled_batch_dataset(sampler, gather, stop - start, first_step=start, with_indices=True)
-    for step, (idx, (x, y)) in zip(range(start, stop), dataset):
-        yield step, int(idx.shape[0]), x, y
+    _, (x_spec, y_spec) = dataset.element_spec
+
+    def steps() -> Iterator[tuple]:
+        for step, (idx, (x, y)) in zip(range(start, stop), dataset):
+            yield step, int(idx.shape[0]), x, y
+
+    return [x_spec, y_spec], steps()
 
 
 def _flush_board(board: Optional[tensorboard.TrainingLog], step: int, epsilon: Optional[float]) -> None:
@@ -420,7 +422,7 @@ def train_privately(
     delta_warning = accounting.delta_warning(delta, n)
     if delta_warning:
         log.warning("%s", delta_warning)
-    total_delta, delta = delta, _accounting_delta(delta, pre_training)
+    total_delta, delta = delta, accounting_delta(delta, pre_training)
     noise = NoiseSource(loop.noise_seed)
     if not noise.is_secure:
         log.warning("NOT PRIVATE: %s (LoopConfig.noise_seed / --noise_seed is for tests and debugging)",
@@ -459,7 +461,7 @@ def train_privately(
                          f"{not_private or sensitivity_caveat or 'non-private training'}")
     check_accountant(probe, privacy.accountant)
     if calibrating and not latest:
-        setup = _compose_setup([r.event for r in pre_training], _probe_setup_event(build, privacy, model))
+        setup = charged_before_steps(build, privacy, model, pre_training)
         privacy = calibrate(privacy, build, q, loop.steps, delta, setup)
         log.info("calibrated noise_multiplier=%.4f for epsilon=%s at delta=%.3g over %d steps",
                  privacy.noise_multiplier, privacy.target_epsilon, delta, loop.steps)
@@ -560,14 +562,12 @@ def train_privately(
 
     sampler = BatchSampler(privacy.sampling, n, loop.batch_size, noise)
     board = tensorboard.open_training_log(loop.tensorboard_dir, clipped=mechanism.l2_norm_clip is not None)
-    compiled = None
+    signature, batches = _batches(sampler, lambda idx: features(arrays, idx), start, planned)
+    compiled = tf.function(step_fn.__call__, input_signature=signature, autograph=False)
     step_times, values = [], []
     examples, steady_examples, steady_time = 0, 0, 0.0
     t_start = time.perf_counter()
-    for step, batch_size, x, y in _batches(sampler, lambda idx: features(arrays, idx), start, planned):
-        if compiled is None:
-            # One trace with a free batch dimension instead of one per batch size.
-            compiled = tf.function(step_fn.__call__, input_signature=_signature_of(x, y), autograph=False)
+    for step, batch_size, x, y in batches:
         t0 = time.perf_counter()
         metrics = compiled(x, y)
         loss = float(metrics["loss"])  # synchronises the step

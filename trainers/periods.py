@@ -110,9 +110,8 @@ def calibrate_worst_period(privacy: PrivacyConfig, build: Callable[[PrivacyConfi
     calibrated σ (:func:`trainers.loop.calibrate`, one-off events included)
     meets the target in every period; ``privacy.delta`` must be set.
     """
-    delta = loop_lib._accounting_delta(privacy.delta, pre_training)
-    setup = loop_lib._compose_setup([r.event for r in pre_training],
-                                    loop_lib._probe_setup_event(build, privacy, model))
+    delta = loop_lib.accounting_delta(privacy.delta, pre_training)
+    setup = loop_lib.charged_before_steps(build, privacy, model, pre_training)
     sigma = 0.0
     for q, steps in sorted(set(layout)):
         sigma = max(sigma, loop_lib.calibrate(privacy, build, q, steps, delta, setup).noise_multiplier)

@@ -16,9 +16,8 @@ import tensorflow as tf
 
 from models import dual_encoder as de
 from models import pctr
-from tfdp_sparse.clipping import taps
 from tfdp_sparse.export import PendingNoiseError, export_saved_model
-from tfdp_sparse.keras import DPOptimizer
+from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.keras.lazy import flush_all
 from tfdp_sparse.mechanisms.lazydp import LazyDP
 
@@ -26,19 +25,11 @@ ROWS, LENGTH, BATCH, STEPS = 40, 3, 4, 3
 
 
 def _train(model, loss_fn, batches, sigma=1.0):
-    """A few LazyDP steps (PrivateStep's body, traced once without autograph)."""
+    """A few LazyDP steps through :class:`PrivateStep`."""
     mech = LazyDP(sigma, 1.0, seed=0)
     mech.bind_model(model)
     opt = DPOptimizer(mech, learning_rate=0.5, expected_batch_size=BATCH)
-
-    @tf.function(autograph=False)
-    def step(x, y):
-        taps.clear()
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        opt.private_step(loss, model.trainable_variables, tape)
-        return loss
-
+    step = PrivateStep(model, loss_fn, opt)
     for x, y in batches:
         step(x, y)
     return mech, opt

@@ -181,26 +181,12 @@ def test_real_gradients_match_dense_dpsgd_in_mean_and_variance():
 # ----------------------------------------------------------------------------
 # Nothing pending escapes: flush, inference reads, export, Keras save, fit callbacks
 
-def _fast_step(model, opt):
-    """PrivateStep's body without autograph (tracing it is most of these tests' time)."""
-
-    @tf.function(autograph=False)
-    def step(x, y):
-        taps.clear()
-        with tf.GradientTape() as tape:
-            loss = _bce(y, model(x, training=True))
-        opt.private_step(loss, model.trainable_variables, tape)
-        return {"embedding_values": opt.last_embedding_values.read_value()}
-
-    return step
-
-
 def _trained(vocab=40, dim=4, steps=3, seed=0, sigma=1.0):
     model = _pooled_model(vocab, dim, seed=seed)
     mech = LazyDP(sigma, 1.0, seed=seed)
     mech.bind_model(model)
     opt = DPOptimizer(mech, learning_rate=0.2, expected_batch_size=4)
-    step = _fast_step(model, opt)
+    step = PrivateStep(model, _bce, opt)
     rng = np.random.default_rng(seed)
     for _ in range(steps):
         x = rng.integers(0, 8, size=(4, 2))  # rows 8.. are never read

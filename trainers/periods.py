@@ -96,9 +96,18 @@ def period_steps(sizes: Sequence[int], batch_size: int, steps: Optional[int], ep
     """
     if epochs is None:
         return [int(steps)] * len(sizes)
+    return [steps_for_epochs(epochs, n, batch_size) for n in sizes]
+
+
+def steps_for_epochs(epochs: float, num_examples: int, batch_size: int) -> int:
+    """``ceil(epochs * N / B)`` (at least 1): the steps whose expected examples cover ``epochs`` passes.
+
+    >>> steps_for_epochs(0.5, 280, 32)
+    5
+    """
     if not epochs > 0:
         raise ValueError(f"epochs must be > 0, got {epochs!r}")
-    return [max(1, math.ceil(epochs * n / batch_size)) for n in sizes]
+    return max(1, math.ceil(epochs * num_examples / batch_size))
 
 
 def calibrate_worst_period(privacy: PrivacyConfig, build: Callable[[PrivacyConfig], object], model: tf.keras.Model,

@@ -63,6 +63,7 @@ from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES
 from tfdp_sparse.data.vocabulary import VocabularyKind
 from tfdp_sparse.noise_source import NoiseSource
 from trainers import loop as loop_lib
+from trainers import periods
 from trainers import common_flags
 from trainers import summary
 from trainers import tensorboard
@@ -332,14 +333,21 @@ def load_data(config: DataConfig, noise: Optional[NoiseSource] = None, run_delta
         config, train["cat_raw"], noise or NoiseSource.secure(), run_delta, model_dir)
     for split in (train, evaluation):
         split["cat"] = vocab.ids(split.pop("cat_raw"))
-    outside += [
-        f"number of training examples N={len(train['label'])} (sets the sampling rate B/N and the default delta)",
+    outside += _criteo_outside_guarantee(
+        len(train["label"]), held_out,
         f"line and malformed-line counts of the data files (reported exactly; above max_malformed_fraction="
-        f"{config.max_malformed_fraction} the run stops)",
-        f"evaluation AUC on {held_out}: computed exactly, those examples are not protected",
-    ]
+        f"{config.max_malformed_fraction} the run stops)")
     info = {"data": config.source, **read_info, **vocab_info, "outside_guarantee": outside}
     return PctrData(train, evaluation, tuple(vocab.sizes), info, releases)
+
+
+def _criteo_outside_guarantee(num_train: int, held_out: str, counts: str) -> list[str]:
+    """What a Criteo run releases beyond ε whatever the reader: N, the line counts, the evaluation AUC."""
+    return [
+        f"number of training examples N={num_train} (sets the sampling rate B/N and the default delta)",
+        counts,
+        f"evaluation AUC on {held_out}: computed exactly, those examples are not protected",
+    ]
 
 
 def _prepared_data(config: DataConfig) -> PctrData:
@@ -363,11 +371,8 @@ def _prepared_data(config: DataConfig) -> PctrData:
              config.source, train_spec, len(train), eval_spec, len(evaluation))
     malformed = sum(sum(d.get("malformed_by_kind", {}).values()) for d in data.manifest["days"])
     info = {"data": config.source, "train_days": train_spec, "eval_days": eval_spec, "malformed": malformed,
-            "vocab": "hash", "outside_guarantee": [
-                f"number of training examples N={len(train)} (sets the sampling rate B/N and the default delta)",
-                "malformed-line counts of the prepared days (from the manifest)",
-                f"evaluation AUC on days {eval_spec}: computed exactly, those examples are not protected",
-            ]}
+            "vocab": "hash", "outside_guarantee": _criteo_outside_guarantee(
+                len(train), f"days {eval_spec}", "malformed-line counts of the prepared days (from the manifest)")}
     return PctrData(train.arrays(), evaluation.arrays(), tuple(data.vocab_sizes), info,
                     features=lambda arrays, idx: train.features(idx),
                     counts=lambda: train.counts(data.vocab_sizes), needs_checks=False, rows=train)
@@ -468,8 +473,6 @@ def _check_streaming(run: PctrRun) -> None:
 
 def _train_periods(run: PctrRun, data: PctrData, model: tf.keras.Model, privacy: PrivacyConfig):
     """``(combined TrainResult, AUC after the last period, metrics fields)`` of a streaming-periods run."""
-    from trainers import periods
-
     streamed = periods.train_in_periods(
         model, pctr.per_example_loss, data.rows, run.streaming_periods, privacy, run.loop,
         evaluate=lambda m: evaluate_auc(m, data.evaluation), epochs=run.epochs, pre_training=data.pre_training,
@@ -496,7 +499,7 @@ def train_and_evaluate(run: PctrRun) -> dict:
     loop = run.loop
     if run.epochs is not None and run.streaming_periods is None:
         n = len(train["label"])
-        loop = dataclasses.replace(loop, steps=max(1, int(np.ceil(run.epochs * n / loop.batch_size))))
+        loop = dataclasses.replace(loop, steps=periods.steps_for_epochs(run.epochs, n, loop.batch_size))
         log.info("epochs=%g over N=%d examples at B=%d: %d steps", run.epochs, n, loop.batch_size, loop.steps)
     privacy = cap_k(run.privacy, vocab_sizes)
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden), seed=run.loop.seed)

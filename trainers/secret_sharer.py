@@ -192,15 +192,13 @@ def run_one(experiment: Experiment, algorithm: str, paper_noise: Optional[float]
     epsilon = "n/a" if result.epsilon is None else round(float(result.epsilon), 4)
     epsilon_note = result.epsilon_note if result.epsilon is None else (
         f"{experiment.accountant} accountant, delta={result.delta:.3g}")
-    if experiment.model.negatives not in dual_encoder.BOUNDED_NEGATIVES and result.epsilon is not None:
-        epsilon, epsilon_note = "n/a", dual_encoder.IN_BATCH_NOTE
     run_summary = {
         "algorithm": algorithm,
         "paper_noise": paper_noise,
         "noise_multiplier": 0.0 if algorithm == "sgd" else sigma,
         "epsilon": epsilon,
         "epsilon_note": epsilon_note,
-        "private": result.private and epsilon != "n/a",
+        "private": result.private,
         "delta": result.delta,
         "steps": result.steps,
         "step_ms": round(result.step_ms, 2),

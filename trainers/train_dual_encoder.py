@@ -252,10 +252,8 @@ def train_model(run: DualEncoderRun, train, num_rows: int):
     if int(np.max(train["label"])) >= num_rows or int(np.max(train["context"])) >= num_rows:
         raise ValueError(f"training ids exceed the {num_rows - 1} movies of the vocabulary")
     model = dual_encoder.build_dual_encoder(config, seed=run.loop.seed)
-    caveat = None if config.negatives in dual_encoder.BOUNDED_NEGATIVES else (
-        dual_encoder.IN_BATCH_NOTE.removeprefix("not available: "))
     result = loop_lib.train_privately(model, model.per_example_loss, train, run.privacy, run.loop,
-                                      features=example_features, sensitivity_caveat=caveat)
+                                      features=example_features, sensitivity_caveat=sensitivity_caveat(config))
     return model, result
 
 
@@ -281,26 +279,23 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
     metrics = summary.metrics_line(result, auc=None, dense_embedding_values=dense_embedding_values(model),
                                    extra=extra)
     metrics.pop("auc", None)
-    metrics = label_sensitivity(metrics, run.model)
     summary.emit(metrics, run.metrics_out)
     return metrics
 
 
-def label_sensitivity(metrics: dict, model: dual_encoder.DualEncoderConfig) -> dict:
-    """``metrics`` with ``epsilon`` set to ``None`` (and why) when the negatives break the sensitivity bound.
+def sensitivity_caveat(model: dual_encoder.DualEncoderConfig) -> Optional[str]:
+    """Why ``model``'s loss breaks the per-example sensitivity bound C, or ``None`` when it does not.
 
     In-batch negatives make each example a negative of the others, so the
-    sum of clipped gradients moves by up to ``(2B - 1) C`` (measured 6.2 C at ``B = 9``):
-    the accountant's epsilon, which assumes ``C``, would be wrong.
-    Example: ``label_sensitivity({"epsilon": 3.1}, in_batch_config)`` ->
-    ``{"epsilon": None, "epsilon_note": "not available: negatives='in_batch' ..."}``.
+    sum of clipped gradients moves by up to ``(2B - 1) C`` (measured 6.2 C at
+    ``B = 9``): the accountant's epsilon, which assumes ``C``, would be wrong.
+    The loop records this reason in the ledger, so no ε is printed, plotted
+    or budgeted. Example: ``sensitivity_caveat(in_batch_config)`` ->
+    ``"negatives='in_batch' breaks the sensitivity bound ..."``.
     """
-    if model.negatives in dual_encoder.BOUNDED_NEGATIVES or metrics.get("epsilon") is None:
-        return metrics
-    metrics.update(epsilon=None, epsilon_note=dual_encoder.IN_BATCH_NOTE, private=False,
-                   not_private_reasons=[*metrics.get("not_private_reasons", []),
-                                        dual_encoder.IN_BATCH_NOTE.removeprefix("not available: ")])
-    return metrics
+    if model.negatives in dual_encoder.BOUNDED_NEGATIVES:
+        return None
+    return dual_encoder.IN_BATCH_NOTE.removeprefix("not available: ")
 
 
 def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:

@@ -71,6 +71,7 @@ from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import criteo_schema
 from tfdp_sparse.data import synthetic
+from tfdp_sparse.data.zipf import draw_scatter
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.selection import frequency
@@ -185,13 +186,7 @@ def micro_batches(vocab: int, batch: int, count: int, seed: int) -> list[tuple[t
     """``count`` batches of Zipf(1.1) ids scattered over ``[0, vocab)`` and random labels."""
     rng = np.random.default_rng([seed, vocab])
     zipf = synthetic.TruncatedZipf(vocab, 1.1)
-    mult = 1
-    if vocab > 2:
-        while True:
-            mult = int(rng.integers(1, vocab))
-            if math.gcd(mult, vocab) == 1:
-                break
-    offset = int(rng.integers(0, vocab))
+    mult, offset = draw_scatter(vocab, rng)
     out = []
     for _ in range(count):
         ranks = zipf.sample(rng, batch)

@@ -8,6 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 from tfdp_sparse.data import movielens as ml
+from tfdp_sparse.data import movielens_ratings
 
 RATINGS_CSV = """userId,movieId,rating,timestamp
 1,10,4.0,100
@@ -91,7 +92,7 @@ def test_read_ratings_vectorised_and_per_line_paths_agree(tmp_path, monkeypatch)
     body[1700] = "7,8,4.0,99999999999999999999\n"  # overflows int64: bad timestamp
     body[2500] = "7,8,4.0,1.\n"  # integer written as a float: bad timestamp
     path = _write(tmp_path, "r.csv", "userId,movieId,rating,timestamp\n" + "".join(body))
-    monkeypatch.setattr(ml, "_CHUNK_BYTES", 8000)  # many chunks, some clean, some not
+    monkeypatch.setattr(movielens_ratings, "_CHUNK_BYTES", 8000)  # many chunks, some clean, some not
     table, report = ml.read_ratings(path)
     keep = np.ones(n, bool)
     keep[[1700, 2500]] = False
@@ -102,7 +103,7 @@ def test_read_ratings_vectorised_and_per_line_paths_agree(tmp_path, monkeypatch)
     np.testing.assert_array_equal(table.line_numbers, np.flatnonzero(keep) + 2)
     assert report.total_rows == n and report.bad_by_reason == {"bad timestamp": 2}
     assert [e[0] for e in report.examples] == [1702, 2502]
-    monkeypatch.setattr(ml, "_parse_clean_chunk", lambda lines, sep: None)
+    monkeypatch.setattr(movielens_ratings, "_parse_clean_chunk", lambda lines, sep: None)
     slow, slow_report = ml.read_ratings(path)
     for name in ("user_ids", "movie_ids", "ratings", "timestamps", "line_numbers"):
         np.testing.assert_array_equal(getattr(slow, name), getattr(table, name))

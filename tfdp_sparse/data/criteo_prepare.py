@@ -11,11 +11,11 @@ streaming, and writes one directory per input file ("day") in the layout
     {"output_dir": "/data/criteo_prepared", "days": 2, "rows": 391000000, ...}
 
 Per day: ``label.npy`` (int8), ``dense.npy`` (float32 [N, 13], the reader's
-transform ``log(1 + max(x, 0))``, missing 0: ``criteo._finish_dense``) and
+transform ``log(1 + max(x, 0))``, missing 0: ``criteo_lines.finish_dense``) and
 ``cat.npy`` (ids of the public hash vocabulary, ``vocabulary.HashVocabulary``;
 int32 when every bucket count fits, else int64).  Parsing, the malformed-line
 reasons (field_count, label, dense, categorical) and the hash are those of
-:mod:`tfdp_sparse.data.criteo` and :mod:`tfdp_sparse.data.vocabulary`.
+:mod:`tfdp_sparse.data.criteo_lines` and :mod:`tfdp_sparse.data.vocabulary`.
 
 Only ``--vocab=hash`` is supported: the hash is public, so the prepared ids
 depend on no data (nothing lies outside the DP guarantee) and one pass suffices.  A DP vocabulary
@@ -44,6 +44,9 @@ Throughput here (one 2-core VM shared with other jobs): 55-80k rows/s per
 process, plain or gzip (parsing in Python dominates); peak RSS about 130 MB
 for both 1M- and 5M-row days: it does not grow with the day.
 
+Writing one day is :mod:`tfdp_sparse.data.criteo_prepare_day`; this module
+holds the manifest, the resumable plan, the worker processes and the CLI.
+
 Anchor: TorchRec's Criteo preprocessing (``torchrec.datasets.criteo``: TSV
 -> ``.npy`` per day, then memory-mapped reads), here with checksums, a
 public vocabulary and malformed-line accounting.
@@ -52,7 +55,6 @@ public vocabulary and malformed-line accounting.
 from __future__ import annotations
 
 import argparse
-import array
 import concurrent.futures
 import json
 import multiprocessing
@@ -60,52 +62,16 @@ import os
 import shutil
 import sys
 import time
-from typing import Callable, Iterator, Optional, Sequence, TextIO
+from typing import Callable, Optional, Sequence, TextIO
 
-import numpy as np
-
-from tfdp_sparse.data import criteo
-from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES, NUM_CATEGORICAL, NUM_DENSE
-from tfdp_sparse.data.npy_append import NpyAppender
-from tfdp_sparse.data.prepared import (
-    ARRAY_NAMES, ARRAY_TAILS, CHECKSUM, FORMAT, FORMAT_VERSION, MANIFEST, TMP_PREFIX, load_manifest)
+from tfdp_sparse.data.criteo_prepare_day import ChunkHook, Progress, fsync_dir, write_day
+from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES
+from tfdp_sparse.data.prepared import CHECKSUM, FORMAT, FORMAT_VERSION, MANIFEST, TMP_PREFIX, load_manifest
 from tfdp_sparse.data.vocabulary import HashVocabulary, VocabularyKind
 
 DEFAULT_CHUNK_ROWS = 1 << 16
 DEFAULT_MAX_MALFORMED_FRACTION = 0.01  # the trainers' --max_malformed_fraction default
 _SUFFIXES = (".gz", ".txt", ".tsv")
-
-# Called after each written chunk as after_chunk(day_name, chunks_written_so_far) (tests interrupt here).
-ChunkHook = Callable[[str, int], None]
-
-
-class _Progress:
-    """Progress lines on ``stream`` every ``interval`` s: rows, rows/s, bytes read, ETA (by bytes)."""
-
-    def __init__(self, total_bytes: int, stream: Optional[TextIO], interval: float):
-        self.total_bytes, self.stream, self.interval = max(total_bytes, 1), stream, interval
-        self.done_bytes = 0  # bytes of the days finished in this run
-        self.start = self._last = time.monotonic()
-
-    def update(self, name: str, rows: int, position: int, day_bytes: int, day_start: float,
-               force: bool = False) -> None:
-        now = time.monotonic()
-        if self.stream is None or (not force and now - self._last < self.interval):
-            return
-        self._last = now
-        fraction = min((self.done_bytes + position) / self.total_bytes, 1.0)
-        elapsed = now - self.start
-        eta = elapsed * (1 - fraction) / fraction if fraction > 0 else float("inf")
-        rate = rows / max(now - day_start, 1e-9)
-        print(f"criteo_prepare {name}: {rows:,} rows, {rate:,.0f} rows/s, day {position / max(day_bytes, 1):.1%} "
-              f"read, all {fraction:.1%}, ETA {_duration(eta)}", file=self.stream, flush=True)
-
-
-def _duration(seconds: float) -> str:
-    if seconds == float("inf"):
-        return "?"
-    s = int(round(seconds))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def day_name(path: str) -> str:
@@ -122,101 +88,6 @@ def day_name(path: str) -> str:
     return name
 
 
-def _input_position(text_file) -> int:
-    """Bytes read so far of the file under a text stream (compressed bytes for gzip)."""
-    buffer = text_file.buffer
-    raw = getattr(buffer, "fileobj", None) or getattr(buffer, "raw", buffer)  # GzipFile / BufferedReader
-    return raw.tell()
-
-
-def _chunk_arrays(labels: array.array, dense: array.array, cats: array.array) -> tuple:
-    n = len(labels)
-    return (np.frombuffer(labels, np.int8).copy(),
-            criteo._finish_dense(np.frombuffer(dense, np.float64).reshape(n, NUM_DENSE)),
-            np.frombuffer(cats, np.int64).reshape(n, NUM_CATEGORICAL).copy())
-
-
-def _iter_chunks(path: str, report: criteo.ReadReport, chunk_rows: int,
-                 on_chunk: Callable[[int], None]) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``(label int8, dense float32 [n, 13], cat_raw int64 [n, 26])`` chunks of one file.
-
-    Malformed lines are skipped and recorded in ``report`` with criteo.py's
-    reasons; ``on_chunk(bytes_read)`` is called after each chunk.  Rows are
-    packed into ``array.array`` buffers (8 bytes a value), so a chunk of the
-    default 65,536 rows holds about 20 MB.
-    """
-    labels, dense, cats = array.array("b"), array.array("d"), array.array("q")
-    with criteo._open_text(path) as f:
-        for number, line in enumerate(f, start=1):
-            report.lines += 1
-            try:
-                label, d, c = criteo._parse_line(line)
-            except criteo._Malformed as err:
-                report._record(path, number, err.kind, err.reason)
-                continue
-            report.parsed += 1
-            labels.append(int(label))
-            dense.extend(d)
-            cats.extend(criteo._raw(c))
-            if len(labels) == chunk_rows:
-                yield _chunk_arrays(labels, dense, cats)
-                labels, dense, cats = array.array("b"), array.array("d"), array.array("q")
-                on_chunk(_input_position(f))
-        if labels:
-            yield _chunk_arrays(labels, dense, cats)
-    report.complete = True
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_day(path: str, name: str, output_dir: str, vocab: HashVocabulary, chunk_rows: int,
-               max_malformed_fraction: float, progress: _Progress, after_chunk: Optional[ChunkHook]) -> dict:
-    """Write one day to ``.tmp-<name>/``, rename it to ``<name>/``; the day's manifest entry."""
-    stat = os.stat(path)
-    tmp = os.path.join(output_dir, TMP_PREFIX + name)
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.mkdir(tmp)
-    cat_dtype = "<i4" if max(vocab.sizes) <= np.iinfo(np.int32).max else "<i8"
-    dtypes = {"label": "|i1", "dense": "<f4", "cat": cat_dtype}
-    writers = {k: NpyAppender(os.path.join(tmp, f"{k}.npy"), dtypes[k], ARRAY_TAILS[k]) for k in ARRAY_NAMES}
-    report = criteo.ReadReport(path)
-    start = time.monotonic()
-    on_chunk = lambda pos: progress.update(name, report.parsed, pos, stat.st_size, start)  # noqa: E731
-    try:
-        for chunks, (label, dense, cat_raw) in enumerate(_iter_chunks(path, report, chunk_rows, on_chunk), 1):
-            writers["label"].append(label)
-            writers["dense"].append(dense)
-            writers["cat"].append(vocab.ids(cat_raw))
-            if after_chunk is not None:
-                after_chunk(name, chunks)
-        report.raise_if_too_many(max_malformed_fraction)
-        arrays = {k: w.close() for k, w in writers.items()}
-    except BaseException as err:
-        for w in writers.values():
-            w.abort()
-        if isinstance(err, Exception):  # a clean failure: nothing worth keeping (an interrupt leaves .tmp-*)
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    progress.update(name, report.parsed, stat.st_size, stat.st_size, start, force=True)
-    _fsync_dir(tmp)
-    final = os.path.join(output_dir, name)
-    if os.path.exists(final):  # left by a run killed between rename and manifest update
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(output_dir)
-    return {"name": name, "source": path, "source_size": stat.st_size, "source_mtime_ns": stat.st_mtime_ns,
-            "lines": report.lines, "rows": report.parsed, "malformed": report.malformed,
-            "malformed_by_reason": dict(sorted(report.reason_counts.items())),
-            "first_malformed": [f"{m.path}:{m.line_number}: {m.reason}" for m in report.first_malformed],
-            "arrays": arrays}
-
-
 def _write_manifest(output_dir: str, manifest: dict) -> None:
     tmp = os.path.join(output_dir, TMP_PREFIX + MANIFEST)
     with open(tmp, "w", encoding="utf-8") as f:
@@ -225,7 +96,7 @@ def _write_manifest(output_dir: str, manifest: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(output_dir, MANIFEST))
-    _fsync_dir(output_dir)
+    fsync_dir(output_dir)
 
 
 def _start_manifest(output_dir: str, vocab: HashVocabulary) -> dict:
@@ -284,9 +155,12 @@ def _check_inputs(inputs, chunk_rows: int, max_malformed_fraction: float, vocab:
 
 def _day_in_worker(path: str, name: str, output_dir: str, buckets: tuple, chunk_rows: int,
                    max_malformed_fraction: float, verbose: bool, progress_seconds: float) -> dict:
-    """:func:`_write_day` in a worker process (its progress lines are about its own day)."""
-    progress = _Progress(os.path.getsize(path), sys.stderr if verbose else None, progress_seconds)
-    return _write_day(path, name, output_dir, HashVocabulary(buckets), chunk_rows, max_malformed_fraction,
+    """:func:`~tfdp_sparse.data.criteo_prepare_day.write_day` in a worker process.
+
+    Its progress lines are about its own day.
+    """
+    progress = Progress(os.path.getsize(path), sys.stderr if verbose else None, progress_seconds)
+    return write_day(path, name, output_dir, HashVocabulary(buckets), chunk_rows, max_malformed_fraction,
                       progress, None)
 
 
@@ -359,7 +233,7 @@ def prepare(inputs, output_dir: str, hash_buckets=KAGGLE_VOCAB_SIZES, chunk_rows
     if summary is not None:
         redo = [n for _, n in todo]
         summary.update(prepared=redo, skipped=[n for _, n in days if n not in redo])
-    progress = _Progress(sum(os.path.getsize(p) for p, _ in todo), log, progress_seconds)
+    progress = Progress(sum(os.path.getsize(p) for p, _ in todo), log, progress_seconds)
 
     def record(entry: dict) -> None:
         progress.done_bytes += entry["source_size"]
@@ -373,7 +247,7 @@ def prepare(inputs, output_dir: str, hash_buckets=KAGGLE_VOCAB_SIZES, chunk_rows
         _run_parallel(todo, min(workers, len(todo)), record, day_args)
     else:
         for path, name in todo:
-            record(_write_day(path, name, output_dir, vocabulary, chunk_rows, max_malformed_fraction,
+            record(write_day(path, name, output_dir, vocabulary, chunk_rows, max_malformed_fraction,
                               progress, after_chunk))
     return manifest
 

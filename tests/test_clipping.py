@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 from tfdp_sparse.clipping import taps
+from tfdp_sparse.clipping.registry import attach_taps
 from tfdp_sparse.clipping.clip import UnsupportedLayerError, clip_gradients
-import tfdp_sparse.keras  # noqa: F401  (installs the Keras layer taps)
 from tfdp_sparse.layers import DPEmbedding
 
 
@@ -73,10 +73,10 @@ def _brute_force(model, x, y, clip_norm):
 
 
 def _ghost(model, x, y, clip_norm):
-    taps.clear()
+    recorder = attach_taps(model)
     with tf.GradientTape() as tape:
         loss = _loss(y, model(x, training=True))
-    return clip_gradients(loss, tape, model.trainable_variables, taps.take(), clip_norm)
+    return clip_gradients(loss, tape, model.trainable_variables, recorder.take(), clip_norm)
 
 
 @pytest.mark.parametrize("clip_norm", [None, 0.05, 1e6])
@@ -113,10 +113,10 @@ def test_sequence_dense_layer_exact_norms():
     y = tf.constant([[1.0], [0.0], [1.0], [0.0]])
     m = tf.keras.Model(inp, out)
     expected, norms = _brute_force(m, x, y, 0.1)
-    taps.clear()
+    recorder = attach_taps(model)
     with tf.GradientTape() as tape:
         loss = _loss(y, model(x[0], training=True))
-    result = clip_gradients(loss, tape, model.trainable_variables, taps.take(), 0.1)
+    result = clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 0.1)
     np.testing.assert_allclose(result.norms.numpy(), norms, rtol=1e-4)
     for g, e, v in zip(result.grads, expected, model.trainable_variables):
         np.testing.assert_allclose(_dense(g, v), e, rtol=1e-4, atol=1e-7)
@@ -153,7 +153,6 @@ def test_batchnorm_state_refused_only_when_clipping():
     with tf.GradientTape() as tape:
         total = tf.reduce_sum(_loss(y, model(x, training=True)))
     plain = tape.gradient(total, model.trainable_variables)
-    taps.clear()
     result = _ghost(model, x, y, None)  # non-private: allowed, the ordinary gradient
     for g, e, v in zip(result.grads, plain, model.trainable_variables):
         np.testing.assert_allclose(_dense(g, v), e.numpy(), rtol=1e-5, err_msg=v.name)
@@ -182,10 +181,11 @@ def test_own_variables_exclude_sublayers():
 def test_scalar_loss_is_refused_with_advice():
     model = _model()
     x, y = _batch()
+    recorder = attach_taps(model)
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(_loss(y, model(x, training=True)))
     with pytest.raises(ValueError, match="reduction=tf.keras.losses.Reduction.NONE"):
-        clip_gradients(loss, tape, model.trainable_variables, taps.take(), 1.0)
+        clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 1.0)
 
 
 def test_bad_clip_norm():

@@ -33,7 +33,9 @@ def _per_example_bce():
 def test_fit_nonprivate_matches_plain_sgd():
     x, y = _data()
     a, b = _model(), _model()
-    a.compile(optimizer=DPOptimizer(NonPrivate(), learning_rate=0.5), loss=_per_example_bce())
+    opt = DPOptimizer(NonPrivate(), learning_rate=0.5)
+    opt.attach(a)
+    a.compile(optimizer=opt, loss=_per_example_bce())
     b.compile(optimizer=tf.keras.optimizers.SGD(0.5), loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
     a.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
     b.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
@@ -46,6 +48,7 @@ def test_fit_dpsgd_with_zero_noise_equals_clipped_mean_step():
     model = _model()
     before = [v.numpy() for v in model.trainable_variables]
     opt = DPOptimizer(DPSGD(noise_multiplier=0.0, l2_norm_clip=0.01), learning_rate=1.0, expected_batch_size=8)
+    opt.attach(model)
     model.compile(optimizer=opt, loss=_per_example_bce())
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     # Every example's gradient is larger than C = 0.01, so the update's norm is
@@ -100,8 +103,9 @@ def test_dpsgd_applies_noise_to_unlooked_rows():
 def test_scalar_loss_in_compile_gets_clear_error():
     x, y = _data()
     model = _model()
-    model.compile(optimizer=DPOptimizer(DPSGD(1.0, 1.0), 0.1, expected_batch_size=16),
-                  loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    opt = DPOptimizer(DPSGD(1.0, 1.0), 0.1, expected_batch_size=16)
+    opt.attach(model)
+    model.compile(optimizer=opt, loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
     with pytest.raises(ValueError, match="one loss per example"):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
 

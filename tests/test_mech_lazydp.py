@@ -8,7 +8,6 @@ import scipy.stats
 import tensorflow as tf
 
 from tfdp_sparse import mechanisms
-from tfdp_sparse.clipping import taps
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.export import PendingNoiseError
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
@@ -137,6 +136,7 @@ def _replicates(make_mechanism, seed):
         mech.bind_model(model)
     schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.8, decay_steps=1, decay_rate=0.7)
     opt = DPOptimizer(mech, schedule, expected_batch_size=4)
+    recorder = opt.attach(model)
     batches = [(tf.constant(x, tf.int64), tf.constant(y)) for x, y in zip(TINY_BATCHES, TINY_LABELS)]
 
     @tf.function(autograph=False)
@@ -147,7 +147,7 @@ def _replicates(make_mechanism, seed):
         if isinstance(mech, LazyDP):
             mech.reset_state()
         for x, y in batches:
-            taps.clear()
+            recorder.clear()
             with tf.GradientTape() as tape:
                 loss = _bce(y, model(x, training=True))
             opt.private_step(loss, model.trainable_variables, tape)
@@ -245,7 +245,9 @@ def test_fit_with_callbacks_ends_flushed_and_checkpoints_see_flushed_rows(tmp_pa
     model = _pooled_model(50, 4)
     mech = LazyDP(1.0, 1.0, seed=0)
     mech.bind_model(model)
-    model.compile(optimizer=DPOptimizer(mech, 0.1, expected_batch_size=8),
+    opt = DPOptimizer(mech, 0.1, expected_batch_size=8)
+    opt.attach(model)
+    model.compile(optimizer=opt,
                   loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
                   run_eagerly=True)  # the callbacks are what is tested; graph reads are tested elsewhere
     rng = np.random.default_rng(0)

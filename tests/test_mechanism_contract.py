@@ -53,9 +53,7 @@ import pytest
 import scipy.stats
 import tensorflow as tf
 
-import tfdp_sparse.keras  # noqa: F401  (installs the Keras layer taps)
 from tfdp_sparse import mechanisms
-from tfdp_sparse.clipping import taps
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.layers import DPEmbedding
@@ -414,10 +412,11 @@ class TestLazyDPContract(MechanismContract):
 
     def noise_samples(self, mech, model, variables, is_table):
         initial = [v.numpy() for v in variables]
+        recorder = self.optimizer.attach(model)
 
         @tf.function(autograph=False)
         def step(x):
-            taps.clear()
+            recorder.clear()
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(model(x, training=True) * 0.0, axis=-1)
             self.optimizer.private_step(loss, variables, tape)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdp_sparse.clipping import taps
+from tfdp_sparse.clipping.registry import attach_taps
 from tfdp_sparse.clipping.clip import UnsupportedLayerError, clip_gradients
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
@@ -82,8 +82,10 @@ def test_private_step_refuses_batchnorm_naming_it(bn_kwargs):
 
 def test_fit_refuses_batchnorm_without_gamma_beta():
     model = _bn_model(center=False, scale=False)
+    opt = DPOptimizer(DPSGD(1.0, 1.0, seed=0), 0.1, expected_batch_size=BATCH)
+    opt.attach(model)
     model.compile(
-        optimizer=DPOptimizer(DPSGD(1.0, 1.0, seed=0), 0.1, expected_batch_size=BATCH),
+        optimizer=opt,
         loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
     )
     with pytest.raises(UnsupportedLayerError, match="'batch_stats'.*exact statistics of each batch"):
@@ -121,7 +123,9 @@ def test_tied_weights_are_refused_naming_the_layer(mechanism):
 
 def test_tied_weights_are_refused_by_fit():
     model = _TiedModel()
-    model.compile(optimizer=DPOptimizer(DPSGD(1.0, 1.0, seed=0), 0.1, expected_batch_size=BATCH),
+    opt = DPOptimizer(DPSGD(1.0, 1.0, seed=0), 0.1, expected_batch_size=BATCH)
+    opt.attach(model)
+    model.compile(optimizer=opt,
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(
                       from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
     with pytest.raises(UnsupportedLayerError, match="tied_emb"):
@@ -157,12 +161,14 @@ class _ExtraGather(tf.keras.Model):
 def _clip_in_function(model, clip_norm):
     """clip_gradients in a tf.function whose batch size is unknown while tracing."""
 
+    recorder = attach_taps(model)
+
     @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int64)], autograph=False)
     def norms(ids):
-        taps.clear()
+        recorder.clear()
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(ids, training=True), axis=-1)
-        return clip_gradients(loss, tape, model.trainable_variables, taps.take(), clip_norm).norms
+        return clip_gradients(loss, tape, model.trainable_variables, recorder.take(), clip_norm).norms
 
     return norms
 
@@ -170,11 +176,11 @@ def _clip_in_function(model, clip_norm):
 def test_direct_gather_of_a_table_is_refused_statically_and_at_run_time():
     model = _ExtraGather()
     model(_ids())
-    taps.clear()
+    recorder = attach_taps(model)
     with pytest.raises(UnsupportedLayerError, match="gathered_emb"):  # eager: shapes known
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(_ids(), training=True), axis=-1)
-        clip_gradients(loss, tape, model.trainable_variables, taps.take(), 1.0)
+        clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 1.0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="gathered_emb.*read outside its lookups"):
         _clip_in_function(model, 1.0)(_ids())
 
@@ -185,8 +191,8 @@ def test_run_time_row_count_check_passes_for_lookups_only():
     ids = tf.keras.Input(shape=(3,), dtype=tf.int64)
     emb = DPEmbedding(VOCAB, 4, combiner="sum", name="emb", embeddings_initializer="normal")
     model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(emb(ids) + emb(ids[:, :1])))
-    taps.clear()
+    recorder = attach_taps(model)
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(model(_ids(), training=True), axis=-1)
-    eager = clip_gradients(loss, tape, model.trainable_variables, taps.take(), 1e6).norms
+    eager = clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 1e6).norms
     np.testing.assert_allclose(_clip_in_function(model, 1e6)(_ids()).numpy(), eager.numpy(), rtol=1e-6)

@@ -15,9 +15,8 @@ import pytest
 import scipy.stats
 import tensorflow as tf
 
-import tfdp_sparse.keras  # noqa: F401  (installs the Dense taps the clipping code reads)
 from models import dual_encoder as de
-from tfdp_sparse.clipping import taps
+from tfdp_sparse.clipping.registry import attach_taps
 from tfdp_sparse.clipping.clip import clip_gradients
 
 ROWS, LENGTH, CLIP = 9, 3, 0.1
@@ -47,10 +46,10 @@ def _loss(model, batch):
 
 
 def _project_sum(model, batch) -> np.ndarray:
-    taps.clear()
+    recorder = attach_taps(model)
     with tf.GradientTape() as tape:
         loss = _loss(model, batch)
-    result = clip_gradients(loss, tape, model.trainable_variables, taps.take(), CLIP)
+    result = clip_gradients(loss, tape, model.trainable_variables, recorder.take(), CLIP)
     return _flat(result.grads, model.trainable_variables)
 
 
@@ -59,7 +58,6 @@ def _brute_sum(model, batch) -> np.ndarray:
     with tf.GradientTape(persistent=True) as tape:
         loss = _loss(model, batch)
         losses = [loss[i] for i in range(int(loss.shape[0]))]
-    taps.clear()
     per_example = np.stack([_flat(tape.gradient(l, variables), variables) for l in losses])
     norms = np.linalg.norm(per_example, axis=1)
     return np.sum(per_example * np.minimum(1.0, CLIP / np.maximum(norms, 1e-30))[:, None], axis=0)

@@ -24,10 +24,11 @@ layer; nothing is proportional to a table's vocabulary.
 
 Example::
 
+    recorder = attach_taps(model)                     # clipping/registry.py
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))    # shape [B]
     result = clip_gradients(loss, tape, model.trainable_variables,
-                            taps.take(), clip_norm=1.0)
+                            recorder.take(), clip_norm=1.0)
     result.grads[0]          # IndexedSlices for an embedding table
 """
 

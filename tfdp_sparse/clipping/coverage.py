@@ -5,9 +5,10 @@ contribution only through the variables its taps cover: the tables of
 ``Embedding`` / ``DPEmbedding`` lookups and the kernel and bias of ``Dense``
 layers. The supported layer kinds are exactly the layers that record
 :class:`~tfdp_sparse.clipping.taps.EmbeddingTap` /
-:class:`~tfdp_sparse.clipping.taps.DenseTap` (the registry, as in TF
-Privacy's ``fast_gradient_clipping``: ``clipping/keras_layers.py`` for stock
-Keras, :class:`tfdp_sparse.layers.DPEmbedding` for the toolkit's table).
+:class:`~tfdp_sparse.clipping.taps.DenseTap` (the rules of
+:class:`~tfdp_sparse.clipping.registry.LayerRegistry`, as in TF Privacy's
+``fast_gradient_clipping``: ``clipping/keras_layers.py`` for stock Keras,
+``layers/embedding.dp_embedding_rule`` for the toolkit's table).
 Anything else would escape the guarantee silently, so it is refused:
 
 * :func:`check_layers_covered` — every layer called in the forward pass must
@@ -22,7 +23,7 @@ Anything else would escape the guarantee silently, so it is refused:
 
 Example::
 
-    recorded = taps.take()        # [LayerTap(bn), DenseTap(...), ...]
+    recorded = recorder.take()    # [LayerTap(bn), DenseTap(...), ...]
     check_layers_covered(recorded)
     # UnsupportedLayerError: layer 'bn' (BatchNormalization) has variables
     # ['bn/moving_mean:0', 'bn/moving_variance:0'] that no per-example ...

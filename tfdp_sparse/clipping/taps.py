@@ -15,17 +15,19 @@ One backward pass of ``sum_i loss_i`` to ``rows`` and ``z`` gives every
 example's activation gradient; per-example norms and the *clipped* weight
 gradients are then assembled from those (no second backward pass).
 
-Layers report taps with :func:`record`; they do so only while a
-``tf.GradientTape`` is recording, so inference costs nothing. Taps are kept
-per graph (one list per traced ``tf.function``, one for eager mode) and taken
-by the private step with :func:`take`.
+Taps are collected by an explicit :class:`TapRecorder` (no module-level
+state): :func:`tfdp_sparse.clipping.registry.attach_taps` gives each layer of
+a model the rule its kind has in a :class:`~tfdp_sparse.clipping.registry.LayerRegistry`,
+and those rules record into the recorder, only while a ``tf.GradientTape``
+is recording, so inference costs nothing.
 
 Example::
 
+    recorder = attach_taps(model)
     with tf.GradientTape() as tape:
-        logits = model(x, training=True)      # layers call taps.record(...)
+        logits = model(x, training=True)      # layer rules call recorder.record(...)
         loss = per_example_loss(y, logits)
-    recorded = taps.take()                     # [EmbeddingTap, DenseTap, ...]
+    recorded = recorder.take()                 # [EmbeddingTap, DenseTap, LayerTap, ...]
 """
 
 from __future__ import annotations
@@ -91,31 +93,47 @@ class LayerTap:
 
 Tap = Union[EmbeddingTap, DenseTap, LayerTap]
 
-_LOCK = threading.Lock()
-_TAPS: "weakref.WeakKeyDictionary[tf.Graph, list[Tap]]" = weakref.WeakKeyDictionary()
-
 
 def is_recording() -> bool:
     """True when a gradient tape could record the ops being built now."""
     return bool(_tape_record.could_possibly_record())
 
 
-def record(tap: Tap) -> None:
-    """Stores ``tap`` for the private step of the current graph (if taped)."""
-    if not is_recording():
-        return
-    graph = tf.compat.v1.get_default_graph()
-    with _LOCK:
-        _TAPS.setdefault(graph, []).append(tap)
+class TapRecorder:
+    """Holds the taps of one model's forward passes, per graph.
 
+    Made by :func:`tfdp_sparse.clipping.registry.attach_taps` (never a
+    module-level singleton): the layer rules of the registry call
+    :meth:`record`, the private step calls :meth:`take`. Taps are kept per
+    graph (one list per traced ``tf.function``, one for eager mode), so a
+    retrace never sees another trace's tensors.
 
-def take() -> list[Tap]:
-    """Returns and forgets the taps recorded in the current graph."""
-    graph = tf.compat.v1.get_default_graph()
-    with _LOCK:
-        return _TAPS.pop(graph, [])
+    Example::
 
+        recorder = TapRecorder()
+        with tf.GradientTape():
+            recorder.record(LayerTap(layer))   # kept: a tape records
+        recorder.take()                        # [LayerTap(layer)]; now empty
+    """
 
-def clear() -> None:
-    """Forgets the taps of the current graph (e.g. after an aborted step)."""
-    take()
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._taps: "weakref.WeakKeyDictionary[tf.Graph, list[Tap]]" = weakref.WeakKeyDictionary()
+
+    def record(self, tap: Tap) -> None:
+        """Stores ``tap`` for the private step of the current graph (only while a tape records)."""
+        if not is_recording():
+            return
+        graph = tf.compat.v1.get_default_graph()
+        with self._lock:
+            self._taps.setdefault(graph, []).append(tap)
+
+    def take(self) -> list[Tap]:
+        """Returns and forgets the taps recorded in the current graph."""
+        graph = tf.compat.v1.get_default_graph()
+        with self._lock:
+            return self._taps.pop(graph, [])
+
+    def clear(self) -> None:
+        """Forgets the taps of the current graph (e.g. before a step, after an aborted one)."""
+        self.take()

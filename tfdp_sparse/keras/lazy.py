@@ -35,7 +35,9 @@ Keras model): call :func:`flush_all` first.
 Example::
 
     mech.bind_model(model)
-    model.compile(optimizer=DPOptimizer(mech, 0.1, expected_batch_size=256), loss=per_example_loss)
+    opt = DPOptimizer(mech, 0.1, expected_batch_size=256)
+    opt.attach(model)
+    model.compile(optimizer=opt, loss=per_example_loss)
     model.fit(ds, epochs=2, callbacks=[LazyDPCallback(mech),
                                        tf.keras.callbacks.ModelCheckpoint(path)])
     ensure_flushed(model)           # before model.save / tf.saved_model.save

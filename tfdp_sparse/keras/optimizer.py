@@ -11,7 +11,10 @@ private step:
    ``scatter_sub`` of the touched rows when the mechanism keeps a table
    sparse, a dense update when it does not (DP-SGD).
 
-It needs one loss per example: compile with ``reduction=NONE``. For private
+It needs one loss per example: compile with ``reduction=NONE``, and the
+model it trains: ``opt.attach(model)`` before ``fit`` gives the model's
+layers their clipping rules (:mod:`tfdp_sparse.clipping.registry`);
+:class:`~tfdp_sparse.keras.step.PrivateStep` does it itself. For private
 mechanisms it needs ``expected_batch_size`` and refuses (naming the layer)
 models whose variables it would change without clipping and noise, e.g. a
 ``BatchNormalization`` or tied embedding weights
@@ -21,6 +24,7 @@ Example::
 
     opt = DPOptimizer(DPSGD(noise_multiplier=1.0, l2_norm_clip=1.0),
                       learning_rate=0.1, expected_batch_size=256)
+    opt.attach(model)
     model.compile(optimizer=opt,
                   loss=tf.keras.losses.BinaryCrossentropy(
                       from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
@@ -29,15 +33,16 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from typing import Optional
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping import keras_layers, taps
 from tfdp_sparse.clipping.clip import clip_gradients
+from tfdp_sparse.clipping.registry import LayerRegistry, attach_taps, unattached_layers
+from tfdp_sparse.clipping.taps import TapRecorder
 from tfdp_sparse.mechanisms.base import Mechanism
-
-keras_layers.install()
 
 _REFUSED_KWARGS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
 
@@ -48,6 +53,14 @@ def _scale(grad, factor):
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
     return grad * factor
+
+
+@dataclasses.dataclass(frozen=True)
+class _Attachment:
+    """The model a :class:`DPOptimizer` trains and the recorder its layers write taps to."""
+
+    recorder: TapRecorder
+    model: "weakref.ref[tf.keras.Model]"
 
 
 def _check_expected_batch_size(expected_batch_size: Optional[int], mechanism: Mechanism) -> None:
@@ -118,6 +131,35 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         mechanism.check_optimizer(self)
         self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
         self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
+        self._attachment: Optional[_Attachment] = None
+
+    def attach(self, model: tf.keras.Model, registry: Optional[LayerRegistry] = None) -> TapRecorder:
+        """Gives ``model``'s layers the clipping rules of ``registry`` (default: the toolkit's).
+
+        Call it once the model is built and before its first private step
+        (``fit`` or :class:`~tfdp_sparse.keras.step.PrivateStep`); also
+        creates optimizer state (:meth:`prebuild`). Returns the recorder.
+        """
+        recorder = attach_taps(model, registry)
+        self._attachment = _Attachment(recorder, weakref.ref(model))
+        self.prebuild(model)
+        return recorder
+
+    def _recorder(self) -> TapRecorder:
+        attachment = self._attachment
+        model = attachment.model() if attachment is not None else None
+        if model is None:
+            raise ValueError(
+                "DPOptimizer has no model to take per-example taps from: call optimizer.attach(model) "
+                "after building the model and before fit (PrivateStep does it for you)"
+            )
+        late = unattached_layers(model)
+        if late:
+            raise ValueError(
+                f"layers {late} were created after DPOptimizer.attach(model), so they have no clipping "
+                "rule: build the model (call it on a batch) before attaching"
+            )
+        return attachment.recorder
 
     def build(self, var_list):
         """Like ``SGD.build`` but without momentum slots when momentum is 0.
@@ -145,6 +187,8 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         ``DPEmbedding`` / ``Embedding`` layers; only the other variables get
         ``dense_optimizer`` slots.
         """
+        if not model.built:
+            return  # state is created by the first step instead
         variables = list(model.trainable_variables)
         if not variables:
             return
@@ -162,7 +206,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         if tape is None:
             raise ValueError("DPOptimizer needs the GradientTape that recorded the forward pass")
         var_list = list(var_list() if callable(var_list) else var_list)
-        recorded = taps.take()
+        recorded = self._recorder().take()
         clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip)
         if self.mechanism.needs_lookups:
             # Per-example looked-up ids (DP-AdaFEST's contribution map); only

@@ -13,7 +13,6 @@ from typing import Callable
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping import taps
 from tfdp_sparse.keras.optimizer import DPOptimizer
 
 PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -42,13 +41,13 @@ class PrivateStep:
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
-        optimizer.prebuild(model)
+        self._recorder = optimizer.attach(model)
         # autograph off: the step has no tensor-dependent Python control flow, and
         # converting Keras and the clipping code costs tens of seconds per trace.
         self._step = tf.function(self._run, jit_compile=jit_compile, reduce_retracing=True, autograph=False)
 
     def _run(self, features, labels):
-        taps.clear()
+        self._recorder.clear()
         with tf.GradientTape() as tape:
             predictions = self.model(features, training=True)
             per_example_loss = self.loss_fn(labels, predictions)

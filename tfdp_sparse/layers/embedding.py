@@ -2,9 +2,10 @@
 
 ``DPEmbedding`` is an ordinary Keras layer (it trains without privacy too)
 that reads only the rows it needs (``tf.gather`` on the resource variable:
-``ResourceGather``, never a dense read of the table) and reports its lookups
-to the private step (:mod:`tfdp_sparse.clipping.taps`) so per-example norms
-can be computed from activation gradients.
+``ResourceGather``, never a dense read of the table) and whose lookup
+(:meth:`DPEmbedding.lookup`) is reported to the private step by its clipping
+rule :func:`dp_embedding_rule` (:mod:`tfdp_sparse.clipping.registry`), so
+per-example norms can be computed from activation gradients.
 
 Inputs:
 
@@ -175,7 +176,8 @@ class DPEmbedding(tf.keras.layers.Layer):
             )
         return ids
 
-    def call(self, inputs, training=None):
+    def lookup(self, inputs, training=None) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(ids [B, L] int64 with -1 padding, rows [B, L, d])``: the read, before pooling."""
         ids = self._ids_2d(inputs)
         checks = []
         if self.validate_ids:
@@ -198,14 +200,20 @@ class DPEmbedding(tf.keras.layers.Layer):
             checks += self._run_hooks(tf.unique(tf.boolean_mask(ids, valid))[0], training)
         with tf.control_dependencies(checks):
             rows = tf.gather(self.embeddings, safe_ids)  # ResourceGather: [B, L, d]
-        taps.record(taps.EmbeddingTap(self.embeddings, ids, rows, self.name))
+        return ids, rows
+
+    def pool(self, ids: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+        """The output ``[B, d]`` from :meth:`lookup`'s ids and rows (``combiner``)."""
         if self.combiner is None:
             return rows[:, 0, :]
-        weights = tf.cast(valid, rows.dtype)
+        weights = tf.cast(ids >= 0, rows.dtype)
         if self.combiner == "mean":
             counts = tf.reduce_sum(weights, axis=1, keepdims=True)
             weights = weights / tf.maximum(counts, 1.0)
         return tf.einsum("bl,bld->bd", weights, rows)
+
+    def call(self, inputs, training=None):
+        return self.pool(*self.lookup(inputs, training))
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape([input_shape[0], self.dim])
@@ -220,6 +228,17 @@ class DPEmbedding(tf.keras.layers.Layer):
             validate_ids=self.validate_ids,
         )
         return config
+
+
+def dp_embedding_rule(layer: DPEmbedding, recorder: taps.TapRecorder, call, inputs, training=None):
+    """Clipping rule of :class:`DPEmbedding` (:mod:`tfdp_sparse.clipping.registry`).
+
+    Records the lookup's ids and gathered rows as an
+    :class:`~tfdp_sparse.clipping.taps.EmbeddingTap`, then pools as ``call`` does.
+    """
+    ids, rows = layer.lookup(inputs, training)
+    recorder.record(taps.EmbeddingTap(layer.embeddings, ids, rows, layer.name))
+    return layer.pool(ids, rows)
 
 
 def flush_model_tables(model: tf.Module) -> list:

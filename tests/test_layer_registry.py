@@ -1,0 +1,158 @@
+"""The explicit layer registry: rules per exact layer type, attached per model, no import-time patching."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdp_sparse.clipping import keras_layers
+from tfdp_sparse.clipping.clip import UnsupportedLayerError, clip_gradients
+from tfdp_sparse.clipping.registry import (
+    LayerRegistry,
+    attach_taps,
+    default_registry,
+    detach_taps,
+    unattached_layers,
+)
+from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, LayerTap
+from tfdp_sparse.keras import DPOptimizer, PrivateStep
+from tfdp_sparse.layers import DPEmbedding
+from tfdp_sparse.mechanisms import DPSGD, NonPrivate
+
+
+def _model():
+    ids = tf.keras.Input(shape=(3,), dtype=tf.int64)
+    h = DPEmbedding(10, 4, combiner="sum", name="emb")(ids)
+    h = tf.keras.layers.Dense(5, activation="relu", name="hidden")(h)
+    return tf.keras.Model(ids, tf.keras.layers.Dense(1, name="head")(h))
+
+
+def _ids():
+    return tf.constant([[1, 2, -1], [3, 3, 4], [0, 9, 9], [5, 6, 7]], tf.int64)
+
+
+def test_importing_the_toolkit_patches_no_keras_class():
+    code = (
+        "import tensorflow as tf; dense, emb, call = tf.keras.layers.Dense.call, "
+        "tf.keras.layers.Embedding.call, tf.keras.layers.Layer.__call__; "
+        "import tfdp_sparse.keras, tfdp_sparse.clipping.clip, tfdp_sparse.clipping.registry, trainers.loop; "
+        "assert tf.keras.layers.Dense.call is dense and tf.keras.layers.Embedding.call is emb "
+        "and tf.keras.layers.Layer.__call__ is call, 'a Keras class was patched'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**__import__("os").environ, "TF_USE_LEGACY_KERAS": "1"})
+
+
+def test_attached_model_records_one_tap_per_layer_kind_and_nothing_outside_a_tape():
+    model = _model()
+    recorder = attach_taps(model)
+    model(_ids())
+    assert recorder.take() == []  # no tape: inference costs nothing
+    with tf.GradientTape():
+        model(_ids(), training=True)
+    recorded = recorder.take()
+    kinds = [type(t).__name__ for t in recorded if not isinstance(t, LayerTap)]
+    assert kinds == ["EmbeddingTap", "DenseTap", "DenseTap"]
+    assert {t.layer.name for t in recorded if isinstance(t, LayerTap)} >= {"emb", "hidden", "head", model.name}
+    assert recorder.take() == []  # taken once
+
+
+def test_outputs_are_unchanged_by_the_rules():
+    model = _model()
+    before = model(_ids()).numpy()
+    attach_taps(model)
+    with tf.GradientTape():
+        during = model(_ids(), training=True).numpy()
+    np.testing.assert_array_equal(before, during)
+
+
+def test_two_models_have_separate_recorders():
+    a, b = _model(), _model()
+    rec_a, rec_b = attach_taps(a), attach_taps(b)
+    with tf.GradientTape():
+        a(_ids(), training=True)
+    assert rec_b.take() == [] and len(rec_a.take()) > 0
+
+
+def test_reattaching_replaces_the_previous_recorder():
+    model = _model()
+    old = attach_taps(model)
+    new = attach_taps(model)
+    with tf.GradientTape():
+        model(_ids(), training=True)
+    assert old.take() == [] and len(new.take()) > 0
+
+
+def test_detach_restores_the_layers_own_call():
+    model = _model()
+    attach_taps(model)
+    detach_taps(model)
+    assert sorted(unattached_layers(model)) == sorted(layer.name for layer in [model] + model.layers)
+    assert all("call" not in layer.__dict__ for layer in model.layers)
+
+
+def test_registry_uses_exact_types_and_refuses_duplicates_and_non_layers():
+    class MyDense(tf.keras.layers.Dense):
+        def call(self, inputs):
+            return super().call(inputs) * 2.0
+
+    registry = default_registry()
+    assert registry.rule_for(tf.keras.layers.Dense(1)) is keras_layers.dense_rule
+    assert registry.rule_for(MyDense(1)) is None  # a subclass may change call: no rule by inheritance
+    with pytest.raises(ValueError, match="already has a clipping rule"):
+        registry.register(tf.keras.layers.Dense, keras_layers.dense_rule)
+    with pytest.raises(TypeError, match="Keras Layer class"):
+        registry.register(int, keras_layers.dense_rule)
+    with pytest.raises(TypeError, match="callable"):
+        LayerRegistry({tf.keras.layers.Dense: "dense"})
+
+
+def test_layer_without_a_rule_is_refused_and_a_registered_rule_makes_it_trainable():
+    class Scale(tf.keras.layers.Layer):
+        def build(self, shape):
+            self.w = self.add_weight(name="w", shape=(shape[-1], 1), initializer="ones")
+
+        def call(self, x):
+            return tf.matmul(x, self.w)
+
+    def scale_rule(layer, recorder, call, x):
+        z = tf.matmul(x, layer.w)
+        recorder.record(DenseTap(layer.w, None, x, z, layer.name))
+        return z
+
+    x = tf.constant([[1.0, 2.0], [3.0, -1.0]])
+    model = tf.keras.Sequential([Scale(name="scale")])
+    model(x)
+    recorder = attach_taps(model)
+    with pytest.raises(UnsupportedLayerError, match="scale"):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x, training=True), axis=-1)
+        clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 1.0)
+    registry = default_registry()
+    registry.register(Scale, scale_rule)
+    recorder = attach_taps(model, registry)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x, training=True), axis=-1)
+    result = clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 1e6)
+    np.testing.assert_allclose(result.norms.numpy(), np.linalg.norm(x.numpy(), axis=1), rtol=1e-6)
+
+
+def test_fit_without_attach_and_layers_created_after_attach_get_clear_errors():
+    model = _model()
+    opt = DPOptimizer(DPSGD(1.0, 1.0, seed=0), 0.1, expected_batch_size=4)
+    model.compile(optimizer=opt, loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none"))
+    with pytest.raises(ValueError, match=r"call optimizer.attach\(model\)"):
+        model.fit(_ids(), tf.zeros([4, 1]), batch_size=4, verbose=0)
+
+    class Lazy(tf.keras.Model):
+        def build(self, shape):
+            self.head = tf.keras.layers.Dense(1, name="late_head")
+
+        def call(self, x):
+            return self.head(x)
+
+    late = Lazy()
+    step = PrivateStep(late, lambda y, p: tf.reduce_sum(p, axis=-1), DPOptimizer(NonPrivate(), 0.1))
+    with pytest.raises(ValueError, match="late_head.*created after"):
+        step(tf.ones([2, 3]), tf.zeros([2]))

@@ -1,0 +1,156 @@
+"""The layer registry: one clipping rule per layer kind, attached to a model explicitly.
+
+Ghost clipping needs, for each layer holding trainable weights, the
+tensors on each side of them (:mod:`tfdp_sparse.clipping.taps`). A
+:class:`LayerRegistry` maps a layer *type* (exact type, as TF Privacy's
+``fast_gradient_clipping`` registry does: a subclass may change ``call``)
+to a rule that computes the layer's output and records its taps.
+:func:`attach_taps` gives every layer of one model its rule and returns the
+:class:`~tfdp_sparse.clipping.taps.TapRecorder` the rules write to; every
+layer also reports that it was called (:class:`~tfdp_sparse.clipping.taps.LayerTap`),
+so the private step can refuse layers no rule covers
+(:mod:`tfdp_sparse.clipping.coverage`). Nothing is patched at import time
+and no state is global: the wrappers live on the model's own layer
+instances, until :func:`detach_taps`.
+
+Adding a layer kind: write ``rule(layer, recorder, call, *args, **kwargs)``
+that returns the layer's output and calls ``recorder.record(...)``, then
+``registry.register(MyLayer, rule)``.
+
+Example::
+
+    recorder = attach_taps(model)                 # default_registry()
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    result = clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 1.0)
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Callable, Mapping, Optional
+
+import tensorflow as tf
+
+from tfdp_sparse.clipping import keras_layers
+from tfdp_sparse.clipping.taps import LayerTap, TapRecorder
+
+#: ``rule(layer, recorder, call, *args, **kwargs) -> outputs``.
+LayerRule = Callable[..., object]
+
+# Attribute on a wrapper holding the layer's own ``call`` (to re-attach or detach).
+_ORIGINAL = "_tfdp_original_call"
+
+
+class LayerRegistry:
+    """Layer type -> clipping rule (exact types; see module docstring).
+
+    Args:
+      rules: initial ``{layer type: rule}``.
+    """
+
+    def __init__(self, rules: Optional[Mapping[type, LayerRule]] = None):
+        self._rules: dict[type, LayerRule] = {}
+        for layer_type, rule in (rules or {}).items():
+            self.register(layer_type, rule)
+
+    def register(self, layer_type: type, rule: LayerRule) -> None:
+        """Adds the rule of ``layer_type``; refuses a second rule for the same type."""
+        if not (isinstance(layer_type, type) and issubclass(layer_type, tf.keras.layers.Layer)):
+            raise TypeError(f"layer_type must be a Keras Layer class, got {layer_type!r}")
+        if not callable(rule):
+            raise TypeError(f"rule for {layer_type.__name__} must be callable, got {rule!r}")
+        if layer_type in self._rules:
+            raise ValueError(f"{layer_type.__name__} already has a clipping rule in this registry")
+        self._rules[layer_type] = rule
+
+    def rule_for(self, layer: tf.keras.layers.Layer) -> Optional[LayerRule]:
+        """The rule of ``type(layer)`` exactly, or ``None``."""
+        return self._rules.get(type(layer))
+
+    def describe(self) -> str:
+        """The supported layer kinds, for error messages."""
+        return ", ".join(sorted(f"{t.__module__}.{t.__name__}" for t in self._rules))
+
+
+def default_registry() -> LayerRegistry:
+    """A new registry with stock ``Dense`` / ``Embedding`` and the toolkit's ``DPEmbedding``."""
+    from tfdp_sparse.layers.embedding import DPEmbedding, dp_embedding_rule  # layers import clipping.taps
+
+    return LayerRegistry({
+        tf.keras.layers.Dense: keras_layers.dense_rule,
+        tf.keras.layers.Embedding: keras_layers.embedding_rule,
+        DPEmbedding: dp_embedding_rule,
+    })
+
+
+def model_layers(model: tf.keras.layers.Layer) -> list[tf.keras.layers.Layer]:
+    """``model`` and every Keras layer under it (each once)."""
+    found = [model]
+    seen = {id(model)}
+    for module in model.submodules:
+        if isinstance(module, tf.keras.layers.Layer) and id(module) not in seen:
+            seen.add(id(module))
+            found.append(module)
+    return found
+
+
+def _own_call(layer: tf.keras.layers.Layer) -> Callable:
+    original = _original_of(layer)
+    return original if original is not None else layer.call
+
+
+def _wrap(layer: tf.keras.layers.Layer, rule: Optional[LayerRule], recorder: TapRecorder) -> None:
+    call = _own_call(layer)
+
+    def tapped_call(self, *args, **kwargs):
+        outputs = rule(self, recorder, call, *args, **kwargs) if rule is not None else call(*args, **kwargs)
+        recorder.record(LayerTap(self))  # no-op unless a tape records
+        return outputs
+
+    # A bound method with the signature of the layer's own ``call``, so that
+    # Keras and tf.function (model saving traces ``layer.call``) see
+    # ``(inputs, training=None, ...)`` exactly as without the wrapper.
+    function = getattr(call, "__func__", None)
+    if function is not None:
+        tapped_call.__signature__ = inspect.signature(function)
+    tapped_call.__name__ = call.__name__
+    setattr(tapped_call, _ORIGINAL, call)
+    bound = types.MethodType(tapped_call, layer)
+    object.__setattr__(layer, "call", bound)  # instance attribute; Keras' tracking bypassed
+
+
+def _original_of(layer: tf.keras.layers.Layer) -> Optional[Callable]:
+    """The layer's own ``call`` if :func:`attach_taps` wrapped it, else ``None``."""
+    wrapper = layer.__dict__.get("call")
+    return getattr(getattr(wrapper, "__func__", None), _ORIGINAL, None)
+
+
+def attach_taps(model: tf.keras.layers.Layer, registry: Optional[LayerRegistry] = None) -> TapRecorder:
+    """Gives every layer of ``model`` its rule; returns the recorder they write to.
+
+    Attaching again (e.g. a second optimizer for the same model) replaces
+    the previous wrappers, so a layer never records into two recorders.
+    Layers created after this call are not covered: build the model first
+    (:func:`unattached_layers` finds them; the private step refuses them).
+    """
+    if not isinstance(model, tf.keras.layers.Layer):
+        raise TypeError(f"attach_taps needs a Keras model or layer, got {type(model).__name__}")
+    registry = registry if registry is not None else default_registry()
+    recorder = TapRecorder()
+    for layer in model_layers(model):
+        _wrap(layer, registry.rule_for(layer), recorder)
+    return recorder
+
+
+def detach_taps(model: tf.keras.layers.Layer) -> None:
+    """Removes the wrappers :func:`attach_taps` put on ``model``'s layers."""
+    for layer in model_layers(model):
+        if _original_of(layer) is not None:
+            object.__delattr__(layer, "call")
+
+
+def unattached_layers(model: tf.keras.layers.Layer) -> list[str]:
+    """Names of ``model``'s layers without tap wrappers (created after :func:`attach_taps`)."""
+    return [layer.name for layer in model_layers(model) if _original_of(layer) is None]

@@ -160,7 +160,7 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="lazydp.*negatives='full'"):
         tde.check_compatible(PrivacyConfig(algorithm="lazydp"), de.DualEncoderConfig(num_rows=5, negatives="full"))
     with pytest.raises(ValueError, match="selection_epsilon"):
-        tde.check_compatible(PrivacyConfig(algorithm="dpfest", extra=(("selection_epsilon", 0.1),)),
+        tde.check_compatible(PrivacyConfig(algorithm="dpfest", accountant="rdp", extra=(("k", 3), ("selection_epsilon", 0.1))),
                              de.DualEncoderConfig(num_rows=5))
 
 

@@ -14,6 +14,7 @@ from tfdp_sparse.clipping.registry import (
     attach_taps,
     default_registry,
     detach_taps,
+    model_layers,
     unattached_layers,
 )
 from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, LayerTap
@@ -88,8 +89,10 @@ def test_detach_restores_the_layers_own_call():
     model = _model()
     attach_taps(model)
     detach_taps(model)
-    assert sorted(unattached_layers(model)) == sorted(layer.name for layer in [model] + model.layers)
-    assert all("call" not in layer.__dict__ for layer in model.layers)
+    wrapped = model_layers(model)
+    assert {layer.name for layer in wrapped} == {model.name, "emb", "hidden", "head"}  # not the InputLayer
+    assert sorted(unattached_layers(model)) == sorted(layer.name for layer in wrapped)
+    assert all("call" not in layer.__dict__ for layer in wrapped)
 
 
 def test_registry_uses_exact_types_and_refuses_duplicates_and_non_layers():
@@ -156,3 +159,24 @@ def test_fit_without_attach_and_layers_created_after_attach_get_clear_errors():
     step = PrivateStep(late, lambda y, p: tf.reduce_sum(p, axis=-1), DPOptimizer(NonPrivate(), 0.1))
     with pytest.raises(ValueError, match="late_head.*created after"):
         step(tf.ones([2, 3]), tf.zeros([2]))
+
+
+def test_attached_layers_keep_autograph_for_their_own_python_control_flow():
+    class Branchy(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = tf.keras.layers.Dense(1, name="branchy_dense")
+
+        def call(self, x):
+            h = self.dense(x)
+            if tf.reduce_sum(h) > 0.0:  # a tensor condition: needs AutoGraph inside fit
+                return h * 2.0
+            return h
+
+    model = Branchy()
+    model(tf.ones([2, 3]))
+    opt = DPOptimizer(NonPrivate(), 0.1)
+    opt.attach(model)
+    model.compile(optimizer=opt, loss=tf.keras.losses.MeanSquaredError(reduction="none"))
+    history = model.fit(tf.ones([4, 3]), tf.zeros([4, 1]), batch_size=4, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])

@@ -46,216 +46,21 @@ A new algorithm adds one subclass::
 from __future__ import annotations
 
 import math
-from typing import Optional
-import dp_accounting
+
 import numpy as np
 import pytest
 import scipy.stats
 import tensorflow as tf
 
+from tests.mechanism_contract import (
+    ALL_ROWS, EVEN, LOOKED_UP, LOOKUPS, NEVER, POPULAR, Q, RARE, SIGMA, MechanismContract, _clipped_sums,
+    gaussian_multiplier,
+)
 from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer
-from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.mechanisms.adafest import effective_noise_multiplier
 from tfdp_sparse.mechanisms.base import Mechanism
-
-VOCAB, WIDTH, HIDDEN = 1000, 8, 256
-CLIP = 1.5  # C != 1, so noise drawn without C fails
-SIGMA = 1.0
-SEED = 7  # reproducible noise (mechanism ``seed=``)
-Q = 0.01
-POPULAR = np.arange(600)  # looked up by two examples each
-RARE = np.arange(600, 800)  # looked up by one example each
-NEVER = np.arange(800, VOCAB)
-LOOKED_UP = np.arange(800)
-ALL_ROWS = np.arange(VOCAB)
-EVEN = np.arange(0, VOCAB, 2)  # the public kept set of DP-FEST / DP-AdaFEST+
-
-
-def _lookups() -> np.ndarray:
-    """Ids ``[350, 4]``: example ``i`` reads ``even[i], even[i+350], odd[i], odd[i+350]``."""
-    columns = []
-    for parity in (0, 1):
-        ids = np.concatenate([POPULAR[parity::2], POPULAR[parity::2], RARE[parity::2]])
-        half = ids.size // 2
-        columns += [ids[:half], ids[half:]]
-    out = np.stack(columns, axis=1).astype(np.int64)
-    assert all(len(set(row)) == 4 for row in out)  # distinct per example: n_i = 4
-    return out
-
-
-LOOKUPS = _lookups()
-
-
-def _model() -> tf.keras.Model:
-    tf.keras.utils.set_random_seed(0)
-    ids = tf.keras.Input(shape=(LOOKUPS.shape[1],), dtype=tf.int64)
-    h = DPEmbedding(VOCAB, WIDTH, combiner="sum", embeddings_initializer="zeros", name="table")(ids)
-    h = tf.keras.layers.Dense(HIDDEN, name="hidden")(h)
-    return tf.keras.Model(ids, tf.keras.layers.Dense(1, name="head")(h))
-
-
-def _clipped_sums(variables, zero: bool) -> list:
-    """Summed clipped gradients as clipping produces them: one table entry per lookup."""
-    data = np.random.default_rng(3)  # test data, not privacy noise
-    ids = LOOKUPS.reshape(-1)
-    values = np.zeros((ids.size, WIDTH)) if zero else data.normal(size=(ids.size, WIDTH))
-    grads = [tf.IndexedSlices(tf.constant(values, tf.float32), tf.constant(ids), tf.constant([VOCAB, WIDTH], tf.int64))]
-    for var in variables[1:]:
-        grads.append(tf.zeros(var.shape) if zero else tf.constant(data.normal(size=var.shape), tf.float32))
-    return grads
-
-
-def _dense(grad, shape) -> np.ndarray:
-    """The applied update as an array (duplicate indices add up, as a scatter-add does)."""
-    out = np.zeros(shape, np.float64)
-    if grad is None:
-        return out
-    if isinstance(grad, tf.IndexedSlices):
-        np.add.at(out, grad.indices.numpy(), grad.values.numpy())
-        return out
-    return grad.numpy().astype(np.float64)
-
-
-def gaussian_multiplier(event: dp_accounting.DpEvent) -> float:
-    """The noise multiplier of one reported step: ``PoissonSampled(q, Gaussian(s))`` -> s."""
-    if isinstance(event, dp_accounting.PoissonSampledDpEvent):
-        event = event.event
-    if isinstance(event, dp_accounting.GaussianDpEvent):
-        return float(event.noise_multiplier)
-    if isinstance(event, dp_accounting.NonPrivateDpEvent):
-        return 0.0
-    raise AssertionError(f"step_event {event!r} is not a (Poisson-sampled) Gaussian")
-
-
-def assert_gaussian(samples: np.ndarray, std: float, what: str) -> None:
-    """KS: ``N(0, std^2)`` accepted (p > 0.01), ``std (1 +- 1/3)`` rejected (p < 1e-6)."""
-    assert samples.size >= 2000, (what, samples.size)
-    p = {f: scipy.stats.kstest(samples / (std * f), "norm").pvalue for f in (1.0, 2 / 3, 4 / 3)}
-    detail = (what, samples.size, float(np.std(samples)), std, p)
-    assert p[1.0] > 0.01 and p[2 / 3] < 1e-6 and p[4 / 3] < 1e-6, detail
-
-
-class MechanismContract:
-    """Contract checks; subclasses set ``algorithm`` / ``extra`` and the row sets."""
-
-    algorithm: str = ""
-    extra: tuple = ()
-
-    # -- what a subclass says --------------------------------------------------
-
-    def update_rows(self) -> np.ndarray:
-        """Table rows one ``privatize`` call writes (the gradient is restricted to them)."""
-        raise NotImplementedError
-
-    def noised_rows(self) -> np.ndarray:
-        """Table rows whose noise :meth:`noise_samples` returns (default: :meth:`update_rows`)."""
-        return self.update_rows()
-
-    def prepare(self, mech: Mechanism, model: tf.keras.Model) -> None:
-        """What a trainer does before training (bind the model, build the optimizer, ...)."""
-
-    def reported_multiplier(self, mech: Mechanism) -> float:
-        """The gradient noise multiplier the mechanism reports to the accountant."""
-        return gaussian_multiplier(mech.step_event(Q))
-
-    def config(self, noise_multiplier: float, extra: tuple) -> PrivacyConfig:
-        return PrivacyConfig(
-            algorithm=self.algorithm, noise_multiplier=noise_multiplier, l2_norm_clip=CLIP,
-            accountant="rdp", extra=extra,
-        )
-
-    # -- plumbing ----------------------------------------------------------------
-
-    def build(self, noise_multiplier: float, extra: Optional[tuple] = None):
-        model = _model()
-        config = self.config(noise_multiplier, self.extra if extra is None else extra)
-        mech = mechanisms.build(config, seed=SEED)
-        self.prepare(mech, model)
-        variables = model.trainable_variables
-        is_table = [i == 0 for i in range(len(variables))]
-        assert variables[0] is model.get_layer("table").embeddings
-        return mech, model, variables, is_table
-
-    def privatize_fn(self, mech: Mechanism, variables, is_table):
-        """``privatize`` as the optimizer calls it (with lookups iff ``needs_lookups``), in a graph."""
-        lookups = [tf.constant(LOOKUPS)] + [None] * (len(variables) - 1)
-
-        @tf.function(autograph=False)
-        def run(grads):
-            if mech.needs_lookups:
-                out = mech.privatize(grads, variables, is_table, lookups=lookups)
-            else:
-                out = mech.privatize(grads, variables, is_table)
-            return out.grads, out.embedding_values
-
-        return run
-
-    def noise_samples(self, mech, model, variables, is_table) -> list[np.ndarray]:
-        """Per variable, the update of two ``privatize`` calls on zero gradients, stacked."""
-        run = self.privatize_fn(mech, variables, is_table)
-        zeros = _clipped_sums(variables, zero=True)
-        draws = []
-        for _ in range(2):
-            grads, _ = run(zeros)
-            draws.append([_dense(g, v.shape) for g, v in zip(grads, variables)])
-        for a, b in zip(*draws):
-            moved = a != 0
-            assert not np.any(a[moved] == b[moved]), "two calls drew the same noise"
-        return [np.stack([a, b]) for a, b in zip(*draws)]
-
-    # -- the checks ------------------------------------------------------------------
-
-    def test_registered_and_built_from_config(self):
-        mech, _, _, _ = self.build(SIGMA)
-        assert isinstance(mech, Mechanism) and mech.name == self.algorithm
-        assert self.algorithm in mechanisms.available()
-        assert mech.describe()["algorithm"] == self.algorithm
-
-    def test_step_event_is_dp_event_or_none_with_reason(self):
-        mech, _, _, _ = self.build(SIGMA)
-        event = mech.step_event(Q)
-        if event is None:
-            reason = mech.not_private_reason()
-            assert isinstance(reason, str) and reason.strip()
-        else:
-            assert isinstance(event, dp_accounting.DpEvent)
-        setup = mech.setup_event()
-        assert setup is None or isinstance(setup, dp_accounting.DpEvent)
-
-    def test_sigma_zero_update_is_clipped_sum_restricted_to_its_rows(self):
-        mech, _, variables, is_table = self.build(0.0)
-        grads = _clipped_sums(variables, zero=False)
-        out, values = self.privatize_fn(mech, variables, is_table)(grads)
-        rows = self.update_rows()
-        expected = _dense(grads[0], (VOCAB, WIDTH))
-        mask = np.zeros(VOCAB, bool)
-        mask[rows] = True
-        expected[~mask] = 0.0
-        np.testing.assert_allclose(_dense(out[0], (VOCAB, WIDTH)), expected, atol=1e-6, rtol=0)
-        written = ALL_ROWS if not isinstance(out[0], tf.IndexedSlices) else np.unique(out[0].indices.numpy())
-        np.testing.assert_array_equal(written, rows)
-        assert int(values) == rows.size * WIDTH
-        for grad, var, want in zip(out[1:], variables[1:], grads[1:]):
-            np.testing.assert_allclose(_dense(grad, var.shape), want.numpy(), atol=1e-6, rtol=0, err_msg=var.name)
-
-    def test_zero_gradient_noise_matches_reported_sigma(self):
-        mech, model, variables, is_table = self.build(SIGMA)
-        multiplier = self.reported_multiplier(mech)
-        std = 0.0 if multiplier == 0 else multiplier * mech.describe()["l2_norm_clip"]
-        samples = self.noise_samples(mech, model, variables, is_table)
-        rows = self.noised_rows()
-        others = np.setdiff1d(ALL_ROWS, rows)
-        assert np.all(samples[0][:, others] == 0.0), "rows outside the noised set moved"
-        table = samples[0][:, rows].ravel()
-        dense = np.concatenate([s.ravel() for s in samples[1:]])
-        if std == 0:
-            assert not np.any(table) and not np.any(dense)
-            return
-        assert_gaussian(table, std, f"{self.algorithm} table rows")
-        assert_gaussian(dense, std, f"{self.algorithm} dense variables")
-
+from tfdp_sparse.mechanisms.plans.adafest import effective_noise_multiplier
 
 class TestSGDContract(MechanismContract):
     """No clipping, no noise: the update is the gradient (NonPrivateDpEvent: sigma 0)."""
@@ -428,6 +233,71 @@ class TestLazyDPContract(MechanismContract):
         assert not mech.has_pending()
         scale = self.ETA / self.B * math.sqrt(self.STEPS)
         return [((v.numpy() - v0) / scale)[np.newaxis] for v, v0 in zip(variables, initial)]
+
+
+TOY = "toy_touched_2sigma"
+
+
+class TestToyContract(MechanismContract):
+    """The plugin of ``tests/plugins/toy_mechanism.py`` (issue 9): factor·σ·C on touched rows, σ·C dense."""
+
+    algorithm = TOY
+    extra = (("factor", 2.0),)
+    tf_free_plan = False  # one module holds its plan and its TF rule
+
+    @pytest.fixture(autouse=True)
+    def _registered(self, monkeypatch):
+        monkeypatch.setitem(mechanisms.ALGORITHMS, TOY, "tests.plugins.toy_mechanism")
+
+    def update_rows(self):
+        return LOOKED_UP
+
+    def reported_multiplier(self, mech):
+        assert mech.step_event(Q) is None
+        return mech.describe()["noise_multiplier"]
+
+    def table_noise_factor(self, mech):
+        return mech.describe()["factor"]
+
+
+def test_calibrating_builds_no_mechanism(monkeypatch):
+    """σ calibration (one-off selection included) works on plans: not one ``Mechanism`` is constructed."""
+    from trainers import loop as loop_lib
+
+    built = []
+    original = Mechanism.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(type(self).__name__)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Mechanism, "__init__", counting)
+    for algorithm, extra in (("dpsgd", ()), ("adafest", (("tau", 1.0), ("sigma_ratio", 3.0))),
+                             ("dpfest", (("k", 5), ("selection_epsilon", 0.1)))):
+        privacy = PrivacyConfig(algorithm=algorithm, target_epsilon=4.0, accountant="rdp", extra=extra)
+        setup = mechanisms.plan(privacy).setup_event([mechanisms.TableInfo("a", 50), mechanisms.TableInfo("b", 80)])
+        sigma = loop_lib.calibrate(privacy, 0.01, 200, 1e-5, setup).noise_multiplier
+        assert 0 < sigma < 10
+    assert built == []
+    mechanisms.build(PrivacyConfig(algorithm="dpsgd"))  # the counter works
+    assert built == ["DPSGD"]
+
+
+def test_private_selection_plan_charges_what_the_rule_charges():
+    """DP-FEST with private Gumbel top-k: the plan's one-off event for the model's tables is the rule's, and
+    the plan's requirements (RDP accountant, training counts) are what the rule asks for."""
+    from tests.mechanism_contract import _model
+    from tfdp_sparse.mechanisms.tables import table_infos
+
+    config = PrivacyConfig(algorithm="dpfest", accountant="rdp", extra=(("k", 40), ("selection_epsilon", 0.3)))
+    plan, mech, model = mechanisms.plan(config), mechanisms.build(config, seed=1), _model()
+    mech.bind_model(model)
+    requires = plan.requires()
+    assert requires.private_selection and mech.needs_private_selection and requires.accountant == "rdp"
+    before = plan.setup_event(table_infos(model))
+    assert before == mech.setup_event() and before.noise_multiplier == pytest.approx((2 * 40 * 0.3**2 / 8) ** -0.5)
+    mech.select([np.arange(1000, dtype=np.int64)])
+    assert not mech.needs_private_selection and mech.setup_event() == before
 
 
 def test_every_registered_algorithm_has_a_contract_subclass():

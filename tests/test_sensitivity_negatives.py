@@ -101,7 +101,11 @@ def test_default_negatives_are_bounded_and_in_batch_is_labelled():
     in_batch = de.DualEncoderConfig(num_rows=5, negatives="in_batch")
     assert "sensitivity" in tde.sensitivity_caveat(in_batch)  # recorded by the loop: epsilon None (test_dual_encoder)
     assert tde.sensitivity_caveat(de.DualEncoderConfig(num_rows=5)) is None
-    assert tde.default_negatives("lazydp") == "sampled" and tde.default_negatives("dpsgd") == "full"
+    from tfdp_sparse import mechanisms
+    from tfdp_sparse.config import PrivacyConfig
+
+    default = {a: tde.default_negatives(mechanisms.plan(PrivacyConfig(algorithm=a))) for a in ("lazydp", "dpsgd")}
+    assert default == {"lazydp": "sampled", "dpsgd": "full"}
 
 
 @pytest.mark.parametrize("distribution,probabilities", [

@@ -163,7 +163,7 @@ def test_budget_too_small_for_one_step():
 
 def test_calibrate_meets_target_for_all_steps():
     privacy = PrivacyConfig(algorithm="dpsgd", target_epsilon=3.0, delta=1e-3, accountant="rdp")
-    calibrated = loop_lib.calibrate(privacy, lambda c: mechanisms.build(c, seed=0), B / N, 20, 1e-3)
+    calibrated = loop_lib.calibrate(privacy, B / N, 20, 1e-3)
     sigma = calibrated.noise_multiplier
     assert accounting.compute_epsilon(sigma, B, N, 20, 1e-3, "rdp") <= 3.0
     assert accounting.compute_epsilon(sigma * 0.99, B, N, 20, 1e-3, "rdp") > 3.0  # (nearly) the smallest sigma
@@ -324,13 +324,10 @@ def test_dpfest_private_selection_requires_rdp():
     with pytest.raises(ValueError, match="accountant='rdp'"):
         tp.train_and_evaluate(make_run(privacy=privacy))
 
-    class NeedsRdp:
-        name = "fake"
-        required_accountant = "rdp"
-
+    needs_rdp = mechanisms.plan(dataclasses.replace(privacy, accountant="rdp"))
     with pytest.raises(ValueError, match="Use --accountant=rdp"):
-        loop_lib.check_accountant(NeedsRdp(), "pld")
-    loop_lib.check_accountant(NeedsRdp(), "rdp")
+        loop_lib.check_accountant(needs_rdp, "pld")
+    loop_lib.check_accountant(needs_rdp, "rdp")
 
 
 def test_dpfest_private_selection_is_made_and_charged():
@@ -356,9 +353,9 @@ def test_dpfest_private_selection_is_made_and_charged():
 def test_report_table_formatting(tmp_path, capsys):
     rows = [
         {"algorithm": "sgd", "auc": 0.75123, "epsilon": None, "delta": 1e-6, "noise_multiplier": 0.0, "steps": 400,
-         "epsilon_note": "not available: non-private training (no clipping, no noise)"},
+         "l2_norm_clip": None, "epsilon_note": "not available: non-private training (no clipping, no noise)"},
         {"algorithm": "dpsgd", "auc": 0.7, "epsilon": 1.0, "delta": 1e-6, "noise_multiplier": 1.234567, "steps": 400,
-         "stop_reason": "privacy budget: stopped at step 400 of 500"},
+         "l2_norm_clip": 1.0, "stop_reason": "privacy budget: stopped at step 400 of 500"},
     ]
     expected = "\n".join([
         "algorithm  AUC     epsilon  delta  sigma  steps",

@@ -54,7 +54,7 @@ def export_saved_model(module: tf.Module, export_dir: str, mechanism: Optional[M
     layers instead (none for a module that only holds variables: then the
     trace-time refusal of ``DPEmbedding`` reads is the guard).
     """
-    from tfdp_sparse.mechanisms.lazydp import bound_mechanisms  # lazydp imports this module lazily
+    from tfdp_sparse.mechanisms.binding import bound_mechanisms  # mechanisms import this module lazily
 
     for mech in [mechanism] if mechanism is not None else bound_mechanisms(module):
         ensure_no_pending_noise(mech)

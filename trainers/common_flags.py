@@ -19,6 +19,7 @@ from typing import Callable
 
 from absl import app, flags
 
+from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from trainers import summary
 
@@ -30,7 +31,7 @@ KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "sigma1", "sigma2", 
 def define_privacy_flags(flag_values: flags.FlagValues) -> None:
     """Defines the privacy settings and algorithm knobs in ``flag_values``."""
     fv = dict(flag_values=flag_values)
-    flags.DEFINE_string("algorithm", "dpsgd", "sgd | dpsgd | eana | dpfest | adafest | adafest_plus | lazydp", **fv)
+    flags.DEFINE_string("algorithm", mechanisms.DEFAULT, " | ".join(mechanisms.ALGORITHMS), **fv)
     flags.DEFINE_float(
         "noise_multiplier", None,
         "sigma. With --target_epsilon: omit it to calibrate sigma so that --steps fit the budget, or give it "
@@ -100,12 +101,10 @@ def privacy_from_flags(fv: flags.FlagValues) -> PrivacyConfig:
     """The validated :class:`PrivacyConfig` of the parsed flags (``noise_multiplier`` 1.0 until calibrated)."""
     sigma = fv.noise_multiplier
     sigmas_fixed = fv.sigma1 is not None and fv.sigma2 is not None  # DP-AdaFEST: noise fully given
-    if sigma is None and fv.target_epsilon is None and fv.algorithm != "sgd" and not sigmas_fixed:
-        raise app.UsageError(f"--algorithm={fv.algorithm} needs --noise_multiplier or --target_epsilon")
     extra = tuple(
         (k, parse_k(getattr(fv, k)) if k == "k" else getattr(fv, k)) for k in KNOBS if getattr(fv, k) is not None
     )
-    return PrivacyConfig(
+    privacy = PrivacyConfig(
         algorithm=fv.algorithm,
         noise_multiplier=1.0 if sigma is None else sigma,  # placeholder when calibrated
         l2_norm_clip=fv.l2_norm_clip,
@@ -115,6 +114,9 @@ def privacy_from_flags(fv: flags.FlagValues) -> PrivacyConfig:
         accountant=fv.accountant,
         extra=extra,
     ).validate()
+    if sigma is None and fv.target_epsilon is None and not sigmas_fixed and mechanisms.plan(privacy).requires().clips:
+        raise app.UsageError(f"--algorithm={fv.algorithm} needs --noise_multiplier or --target_epsilon")
+    return privacy
 
 
 def run_app(job: Callable[[], object], argv) -> int:

@@ -54,7 +54,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse import accounting, mechanisms
+from tfdp_sparse import accounting
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data.prepared import parse_days
 from tfdp_sparse.data.prepared_rows import PreparedRows
@@ -110,7 +110,7 @@ def steps_for_epochs(epochs: float, num_examples: int, batch_size: int) -> int:
     return max(1, math.ceil(epochs * num_examples / batch_size))
 
 
-def calibrate_worst_period(privacy: PrivacyConfig, build: Callable[[PrivacyConfig], object], model: tf.keras.Model,
+def calibrate_worst_period(privacy: PrivacyConfig, model: tf.keras.Model,
                            layout: Sequence[tuple[float, int]],
                            pre_training: Sequence[loop_lib.PreTrainingRelease] = ()) -> PrivacyConfig:
     """``privacy`` with the smallest σ that lets every period ``(q_p, steps_p)`` of ``layout`` meet the target.
@@ -120,10 +120,10 @@ def calibrate_worst_period(privacy: PrivacyConfig, build: Callable[[PrivacyConfi
     meets the target in every period; ``privacy.delta`` must be set.
     """
     delta = loop_lib.accounting_delta(privacy.delta, pre_training)
-    setup = loop_lib.charged_before_steps(build, privacy, model, pre_training)
+    setup = loop_lib.charged_before_steps(privacy, model, pre_training)
     sigma = 0.0
     for q, steps in sorted(set(layout)):
-        sigma = max(sigma, loop_lib.calibrate(privacy, build, q, steps, delta, setup).noise_multiplier)
+        sigma = max(sigma, loop_lib.calibrate(privacy, q, steps, delta, setup).noise_multiplier)
     log.info("calibrated noise_multiplier=%.4f so that the worst of %d periods meets epsilon=%s at delta=%.3g",
              sigma, len(layout), privacy.target_epsilon, delta)
     return dataclasses.replace(privacy, noise_multiplier=sigma)
@@ -236,11 +236,8 @@ def train_in_periods(
     delta = privacy.delta if privacy.delta is not None else accounting.default_delta(total)
     privacy = dataclasses.replace(privacy, delta=delta)
     if privacy.target_epsilon is not None and loop.calibrate_noise:
-        def build(cfg: PrivacyConfig):  # as train_privately builds its mechanism
-            return mechanisms.build(cfg, seed=loop.noise_seed)
-
         layout = [(loop.batch_size / n, s) for n, s in zip(sizes, steps)]
-        privacy = calibrate_worst_period(privacy, build, model, layout, pre_training)
+        privacy = calibrate_worst_period(privacy, model, layout, pre_training)
     results, aucs, optimizer, done = [], [], None, 0
     for p, (prow, n, s) in enumerate(zip(period_rows, sizes, steps)):
         log.info("period %d/%d: days %s, %d rows, %d steps at q=%.4g", p + 1, len(days), days[p], n, s,

@@ -38,8 +38,10 @@ def _cell(row: dict, key: str) -> str:
 
 
 def _gap_to_nonprivate(rows: list[dict]) -> list[str]:
-    """``"lazydp: AUC 0.7012, 0.0403 below non-private (0.7415)"`` for each private row, when an sgd row exists."""
-    reference = next((r for r in rows if r.get("algorithm") == "sgd" and r.get("auc") is not None), None)
+    """``"lazydp: AUC 0.7012, 0.0403 below non-private (0.7415)"`` for each other row, when a non-private
+    reference row exists (one that clips nothing: ``"l2_norm_clip": null``, read from the line, not the name)."""
+    reference = next((r for r in rows if "l2_norm_clip" in r and r["l2_norm_clip"] is None
+                      and r.get("auc") is not None), None)
     if reference is None:
         return []
     return [f"{r['algorithm']}: AUC {r['auc']:.4f}, {reference['auc'] - r['auc']:.4f} below non-private "

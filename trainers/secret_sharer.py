@@ -68,7 +68,6 @@ from absl import app, flags
 
 from models import dual_encoder
 from tfdp_sparse import mechanisms
-from tfdp_sparse.mechanisms import adafest
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.privacy_tests import secret_sharer as ss
 from trainers import loop as loop_lib
@@ -168,22 +167,43 @@ def noise_mapping_text(experiment: Experiment) -> str:
     return "\n".join(lines)
 
 
+#: Knobs DP-AdaFEST-style filters accept; the experiment's ``adafest`` settings fill them in.
+_FILTER_KNOBS = frozenset({"sigma_ratio", "C1", "tau"})
+
+
 def _knobs(experiment: Experiment, algorithm: str, sigma: float) -> tuple:
-    extra = list(experiment.selection_knobs) if algorithm in ("dpfest", "adafest_plus") else []
-    if algorithm in ("adafest", "adafest_plus"):
+    """The experiment's knobs this algorithm accepts (read from the registry, not keyed by its name).
+
+    Selection knobs go to algorithms that take them; a contribution-map filter
+    gets ``sigma_ratio`` and ``C1`` and ``tau = tau_sigmas * sigma1 * C1``, with
+    ``sigma1`` read from the algorithm's own plan.
+    """
+    accepted = mechanisms.knobs(algorithm)
+    extra = [(k, v) for k, v in experiment.selection_knobs if k in accepted]
+    if _FILTER_KNOBS <= accepted:
         knobs = dict(experiment.adafest)
-        ratio = float(knobs["sigma_ratio"])
-        sigma1, _ = adafest.sigmas_from_ratio(sigma, ratio)
-        extra += [("sigma_ratio", ratio), ("C1", float(knobs["C1"])),
-                  ("tau", float(knobs["tau_sigmas"]) * sigma1 * float(knobs["C1"]))]
+        filter_knobs = (("sigma_ratio", float(knobs["sigma_ratio"])), ("C1", float(knobs["C1"])))
+        probe = PrivacyConfig(algorithm=algorithm, noise_multiplier=sigma, accountant=experiment.accountant,
+                              extra=tuple(extra) + filter_knobs + (("tau", 0.0),))
+        sigma1 = mechanisms.plan(probe).describe()["sigma1"]
+        extra += list(filter_knobs) + [("tau", float(knobs["tau_sigmas"]) * sigma1 * float(knobs["C1"]))]
     return tuple(extra)
+
+
+def _privacy(experiment: Experiment, algorithm: str, sigma: float) -> PrivacyConfig:
+    return PrivacyConfig(algorithm=algorithm, noise_multiplier=sigma, l2_norm_clip=experiment.l2_norm_clip,
+                         accountant=experiment.accountant, extra=_knobs(experiment, algorithm, sigma)).validate()
+
+
+def _adds_noise(experiment: Experiment, algorithm: str) -> bool:
+    """False for algorithms that neither clip nor noise (run once, at sigma 0), from their plan."""
+    return mechanisms.plan(_privacy(experiment, algorithm, 1.0)).requires().clips
 
 
 def run_one(experiment: Experiment, algorithm: str, paper_noise: Optional[float], sigma: float,
             planted: ss.PlantedCanaries, evaluation, num_rows: int) -> tuple[dict, list]:
     """Trains one model on the planted data; returns ``(run summary, exposure rows)``."""
-    privacy = PrivacyConfig(algorithm=algorithm, noise_multiplier=sigma, l2_norm_clip=experiment.l2_norm_clip,
-                            accountant=experiment.accountant, extra=_knobs(experiment, algorithm, sigma)).validate()
+    privacy = _privacy(experiment, algorithm, sigma)
     run = trainer.DualEncoderRun(privacy=privacy, loop=experiment.loop, data=experiment.data, model=experiment.model)
     t0 = time.perf_counter()
     model, result = trainer.train_model(run, planted.train_arrays, num_rows)
@@ -195,7 +215,7 @@ def run_one(experiment: Experiment, algorithm: str, paper_noise: Optional[float]
     run_summary = {
         "algorithm": algorithm,
         "paper_noise": paper_noise,
-        "noise_multiplier": 0.0 if algorithm == "sgd" else sigma,
+        "noise_multiplier": result.noise_multiplier,
         "epsilon": epsilon,
         "epsilon_note": epsilon_note,
         "private": result.private,
@@ -229,7 +249,7 @@ def run_one(experiment: Experiment, algorithm: str, paper_noise: Optional[float]
 
 def _runs(experiment: Experiment):
     for algorithm in experiment.algorithms:
-        if algorithm == "sgd":
+        if not _adds_noise(experiment, algorithm):
             yield algorithm, None, 0.0
         else:
             for paper, sigma in experiment.noise_levels:
@@ -267,12 +287,14 @@ def plot(rows: list, experiment: Experiment, null_exposure: float, path: str) ->
 
     levels = list(experiment.noise_levels) or [(None, 0.0)]
     fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 4.5), sharey=True, squeeze=False)
-    styles = {"sgd": dict(color="black", linestyle="--", marker="o"), "dpsgd": dict(marker="s"),
-              "eana": dict(marker="^"), "adafest": dict(marker="D"), "lazydp": dict(marker="x")}
+    noisy = {a: _adds_noise(experiment, a) for a in experiment.algorithms}
+    markers = "sD^xvP*o"
+    styles = {a: dict(marker=markers[i % len(markers)]) if noisy[a] else dict(color="black", linestyle="--", marker="o")
+              for i, a in enumerate(experiment.algorithms)}
     inserted = [r for r in rows if r["repetitions"] > 0]
     for ax, (paper, sigma) in zip(axes[0], levels):
         for algorithm in experiment.algorithms:
-            want = 0.0 if algorithm == "sgd" else sigma
+            want = sigma if noisy[algorithm] else 0.0
             sel = sorted((r for r in inserted if r["algorithm"] == algorithm and r["noise_multiplier"] == want),
                          key=lambda r: r["repetitions"])
             if not sel:
@@ -280,8 +302,8 @@ def plot(rows: list, experiment: Experiment, null_exposure: float, path: str) ->
             x = [r["repetitions"] for r in sel]
             y = [r["exposure"] for r in sel]
             err = [r["exposure_std"] / math.sqrt(max(r["num_canaries"], 1)) for r in sel]
-            label = algorithm if algorithm == "sgd" else f"{algorithm} (sigma={sigma:.3g})"
-            ax.errorbar(x, y, yerr=err, label=label, capsize=2, **styles.get(algorithm, {}))
+            label = f"{algorithm} (sigma={sigma:.3g})" if noisy[algorithm] else algorithm
+            ax.errorbar(x, y, yerr=err, label=label, capsize=2, **styles[algorithm])
         ax.axhline(null_exposure, color="gray", linestyle=":", label=f"never inserted ({null_exposure:.2f} bits)")
         ax.set_xscale("log")
         ax.set_xlabel("canary repetitions")
@@ -305,8 +327,7 @@ def run_experiment(experiment: Experiment) -> dict:
         raise ValueError(f"algorithms {missing} are not available in this installation "
                          f"(available: {list(mechanisms.available())})")
     for algorithm in experiment.algorithms:
-        trainer.check_compatible(PrivacyConfig(algorithm=algorithm, extra=experiment.selection_knobs),
-                                 experiment.model)
+        trainer.check_compatible(_privacy(experiment, algorithm, 1.0), experiment.model)
     os.makedirs(experiment.output_dir, exist_ok=True)
     train, evaluation, num_rows, info = trainer.load_data(experiment.data)
     planted = ss.plant_sequence_canaries(train, num_rows - 1, experiment.canaries)
@@ -372,9 +393,10 @@ def experiment_from_flags(fv: flags.FlagValues = FLAGS) -> Experiment:
     if not fv.output_dir:
         raise app.UsageError("--output_dir is required")
     algorithms = tuple(a.strip() for a in fv.algorithms if a.strip())
-    if "lazydp" in algorithms and "lazydp" not in mechanisms.available():
-        log.warning("lazydp is not available in this installation: skipped")
-        algorithms = tuple(a for a in algorithms if a != "lazydp")
+    missing = [a for a in algorithms if a in mechanisms.ALGORITHMS and a not in mechanisms.available()]
+    if missing:
+        log.warning("%s not available in this installation: skipped", missing)
+        algorithms = tuple(a for a in algorithms if a not in missing)
     if not algorithms:
         raise ValueError("algorithms must name at least one algorithm")
     try:
@@ -389,7 +411,7 @@ def experiment_from_flags(fv: flags.FlagValues = FLAGS) -> Experiment:
                        for p in _floats(fv.paper_noise, "paper_noise"))
     if any(s < 0 for _, s in levels):
         raise ValueError(f"noise levels must be >= 0, got {[s for _, s in levels]}")
-    if all(a == "sgd" for a in algorithms):
+    if all(a == mechanisms.NONPRIVATE for a in algorithms):
         levels = ()
     canaries = ss.CanaryConfig(
         repetitions=repetitions, canaries_per_repetition=_preset(fv, "canaries_per_repetition"),

@@ -25,6 +25,7 @@ from typing import Optional
 import numpy as np
 
 from models import pctr
+from tfdp_sparse import mechanisms
 from trainers import loop as loop_lib
 
 SWEEP_ALGORITHMS = ("dpsgd", "dpfest", "adafest", "adafest_plus")
@@ -138,9 +139,9 @@ class SweepConfig:
         unknown = [a for a in self.algorithms if a not in SWEEP_ALGORITHMS]
         if unknown or not self.algorithms:
             raise ValueError(f"algorithms={list(self.algorithms)!r} must be a non-empty subset of {SWEEP_ALGORITHMS}")
-        if "dpsgd" not in self.algorithms:
-            raise ValueError("algorithms must include 'dpsgd': it is the reference of the gradient-size reduction "
-                             "and of the AUC target")
+        if mechanisms.DENSE_REFERENCE not in self.algorithms:
+            raise ValueError(f"algorithms must include {mechanisms.DENSE_REFERENCE!r}: it is the reference of the "
+                             "gradient-size reduction and of the AUC target")
         for k in list(self.k_grid) + [k for k, _, _ in self.adafest_plus_grid]:
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
                 raise ValueError(f"k={k!r} in k_grid/adafest_plus_grid must be an integer >= 1")
@@ -175,7 +176,7 @@ def describe_knobs(knobs: dict) -> str:
 
 def plan_runs(config: SweepConfig) -> list[RunSpec]:
     """The runs of a sweep, DP-SGD first (non-private reference not included)."""
-    runs = [RunSpec("dpsgd", "dpsgd")]
+    runs = [RunSpec(mechanisms.DENSE_REFERENCE, mechanisms.DENSE_REFERENCE)]
     if "dpfest" in config.algorithms:
         runs += [RunSpec("dpfest", "dpfest", (("k", int(k)),)) for k in config.k_grid]
         if config.selection_k is not None:

@@ -18,6 +18,7 @@ import os
 from typing import Optional
 
 from experiments.sweep.grid import LABELS
+from tfdp_sparse import mechanisms
 
 STYLES = {
     "dpsgd": dict(marker="*", color="black", s=160, zorder=5),
@@ -43,7 +44,7 @@ def _plot_series(ax, rows: list[dict]) -> None:
                         capsize=3)
         if group in ("dpfest",) and len(pts) > 1:
             ax.plot(xs, ys, color=style["color"], alpha=0.5, lw=1)
-        if group != "dpsgd":
+        if group != mechanisms.DENSE_REFERENCE:
             # Label placement per series keeps neighbouring series' labels apart.
             offset, ha = {"adafest_plus": ((-5, 6), "right"), "dpfest_private": ((5, -11), "left")}.get(
                 group, ((5, 5), "left"))
@@ -58,7 +59,7 @@ def _plot_references(ax, rows: list[dict], settings: dict, target: dict) -> Opti
     if ref is not None:
         ax.axhspan(ref - settings["max_auc_loss"], ref + settings["max_auc_loss"], color="grey", alpha=0.15,
                    label=f"DP-SGD ± {settings['max_auc_loss']:g}")
-    sgd = next((r for r in rows if r["group"] == "sgd"), None)
+    sgd = next((r for r in rows if r["group"] == mechanisms.NONPRIVATE), None)
     if sgd is not None and sgd["auc"] is not None:
         ax.axhline(sgd["auc"], color="tab:purple", ls="--", lw=1.2, label=f"non-private SGD ({sgd['auc']:.4f})")
     ax.axvline(settings["min_reduction"], color="grey", ls="-.", lw=0.8,
@@ -69,7 +70,7 @@ def _plot_references(ax, rows: list[dict], settings: dict, target: dict) -> Opti
 def _set_axes(ax, rows: list[dict], settings: dict, ref: Optional[float]) -> None:
     """Log x axis, limits around the points, labels and a title with the settings."""
     ax.set_xscale("log")
-    xs = [r["gradient_size_reduction"] for r in rows if r["group"] != "sgd"]
+    xs = [r["gradient_size_reduction"] for r in rows if r["group"] != mechanisms.NONPRIVATE]
     ax.set_xlim(0.7, max(xs + [settings["min_reduction"]]) * 2.5)
     ys = [r["auc"] for r in rows if r["auc"] is not None]
     lo, hi = min(ys), max(ys + [(ref or 0) + settings["max_auc_loss"]])

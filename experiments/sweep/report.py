@@ -27,7 +27,7 @@ import numpy as np
 from experiments.sweep.data import SweepData
 from experiments.sweep.grid import LABELS, SweepConfig
 from models import pctr
-from tfdp_sparse import accounting
+from tfdp_sparse import accounting, mechanisms
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -76,7 +76,7 @@ def settings_of(config: SweepConfig, data: Optional[SweepData] = None) -> dict:
 
 def annotate(rows: list[dict], config: SweepConfig) -> dict:
     """Adds ``auc_delta_vs_dpsgd`` and ``meets_target`` to the rows; returns the target summary."""
-    reference = next((r for r in rows if r["group"] == "dpsgd"), None)
+    reference = next((r for r in rows if r["group"] == mechanisms.DENSE_REFERENCE), None)
     ref_auc = reference["auc"] if reference else None
     for r in rows:
         if ref_auc is None or r["auc"] is None:
@@ -85,7 +85,7 @@ def annotate(rows: list[dict], config: SweepConfig) -> dict:
             continue
         r["auc_delta_vs_dpsgd"] = round(r["auc"] - ref_auc, 4)
         r["meets_target"] = bool(
-            r["group"] != "sgd" and r["epsilon"] is not None
+            r["group"] != mechanisms.NONPRIVATE and r["epsilon"] is not None
             and r["gradient_size_reduction"] >= config.min_reduction
             and r["auc"] >= ref_auc - config.max_auc_loss
         )

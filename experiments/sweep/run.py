@@ -63,14 +63,13 @@ class SigmaCache:
         self.calibrations = 0
 
     def sigma(self, privacy: PrivacyConfig, q: float, steps: int, delta: float, seed: int) -> float:
-        build = mechanisms.build  # throw-away probes: noise from the secure default
-        probes = [build(dataclasses.replace(privacy, noise_multiplier=s)) for s in (1.0, 2.0)]
-        setup = probes[0].setup_event()
-        key = (tuple(_event_key(p.step_event(q)) for p in probes), _event_key(setup), steps, delta,
+        plans = [mechanisms.plan(dataclasses.replace(privacy, noise_multiplier=s)) for s in (1.0, 2.0)]
+        setup = plans[0].setup_event()
+        key = (tuple(_event_key(p.step_event(q)) for p in plans), _event_key(setup), steps, delta,
                privacy.target_epsilon, privacy.accountant)
         if key not in self._sigmas:
             t0 = time.perf_counter()
-            calibrated = loop_lib.calibrate(privacy, build, q, steps, delta, setup)
+            calibrated = loop_lib.calibrate(privacy, q, steps, delta, setup)
             self.seconds += time.perf_counter() - t0
             self.calibrations += 1
             self._sigmas[key] = calibrated.noise_multiplier
@@ -91,9 +90,9 @@ def _round(x: Optional[float], digits: int = 4) -> Optional[float]:
 def _privacy_config(spec: RunSpec, config: SweepConfig, data: SweepData, delta: float,
                     l2_norm_clip: Optional[float]) -> tuple[PrivacyConfig, dict]:
     """The run's ``PrivacyConfig`` (σ = 1 until calibrated) and its knobs (with the public prior's file)."""
-    private = spec.algorithm != "sgd"
+    private = spec.algorithm != mechanisms.NONPRIVATE
     knobs = dict(spec.knobs)
-    if spec.algorithm in ("dpfest", "adafest_plus") and "selection_epsilon" not in knobs:
+    if "frequency_file" in mechanisms.knobs(spec.algorithm) and "selection_epsilon" not in knobs:
         knobs["frequency_file"] = data.frequency_file
     accountant = "rdp" if "selection_epsilon" in knobs else config.accountant
     privacy = PrivacyConfig(
@@ -139,12 +138,12 @@ def _timing_s(t_cal: float, seconds: dict, result: loop_lib.TrainResult, t_start
 
 def _mechanism_fields(mech, knobs: dict) -> dict:
     """DP-AdaFEST's σ1/σ2 and false-positive rate; the private selection's ρ-zCDP."""
-    out = {}
-    if hasattr(mech, "sigma1"):
-        out.update(sigma1=_round(mech.sigma1), sigma2=_round(mech.sigma2),
-                   false_positive_rate=float(f"{mech.false_positive_rate:.3g}"))
+    out, info = {}, mech.describe()
+    if "sigma1" in info:
+        out.update(sigma1=_round(info["sigma1"]), sigma2=_round(info["sigma2"]),
+                   false_positive_rate=float(f"{info['false_positive_rate']:.3g}"))
     if "selection_epsilon" in knobs:
-        out["selection_rho_zcdp"] = float(f"{mech.selection.selection_rho():.4g}")
+        out["selection_rho_zcdp"] = float(f"{info['selection_rho_zcdp']:.4g}")
     return out
 
 
@@ -175,7 +174,7 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
     n = len(data.train["label"])
     delta = config.delta if config.delta is not None else accounting.default_delta(n)
     q = config.batch_size / n
-    private = spec.algorithm != "sgd"
+    private = spec.algorithm != mechanisms.NONPRIVATE
     privacy, knobs = _privacy_config(spec, config, data, delta, l2_norm_clip)
     t_cal = 0.0
     if private and noise_multiplier is not None:
@@ -306,13 +305,14 @@ def run_sweep(config: SweepConfig, tune_grid: Optional[dict] = None) -> dict:
     with open(os.path.join(config.output_dir, "settings.json"), "w") as f:
         json.dump(settings, f, indent=1)
 
-    specs = ([RunSpec("sgd", "sgd")] if config.nonprivate_reference else []) + plan_runs(config)
+    reference = mechanisms.NONPRIVATE
+    specs = ([RunSpec(reference, reference)] if config.nonprivate_reference else []) + plan_runs(config)
     jsonl = os.path.join(config.output_dir, "results.jsonl")
     per_seed = os.path.join(config.output_dir, "runs.jsonl")
     rows = _train_all(specs, config, data, cache, per_seed)
     target = annotate(rows, config)
     _write_jsonl(jsonl, rows)
-    for group in ("sgd",) + tuple(dict.fromkeys(r["group"] for r in rows if r["group"] != "sgd")):
+    for group in (reference,) + tuple(dict.fromkeys(r["group"] for r in rows if r["group"] != reference)):
         timing[f"{group} runs"] = sum(r["timing_s"]["run_total"] for r in rows if r["group"] == group)
     timing["shared calibration"] = cache.seconds
     png = os.path.join(config.output_dir, "auc_vs_reduction.png")

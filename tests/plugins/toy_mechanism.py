@@ -1,57 +1,70 @@
 """A toy mechanism written as a user would: noise of std 2σC on the touched rows only (issue 9).
 
-It reuses the library's helpers and nothing else; it is *not* differentially
-private (like EANA, the set of updated rows reveals which rows were read), so
-``step_event`` is ``None`` with a reason. Registering it is one line in
-``tfdp_sparse.mechanisms.ALGORITHMS``; the trainers need no change.
+One module holds both halves: the pure-Python plan (:class:`TouchedRowsPlan`:
+settings, accounting, requirements) and the graph-side rule
+(:class:`TouchedRowsTwoSigma`). It reuses the library's helpers and nothing
+else; it is *not* differentially private (like EANA, the set of updated rows
+reveals which rows were read), so ``step_event`` is ``None`` with a reason.
+Registering it is one line in ``tfdp_sparse.mechanisms.ALGORITHMS`` naming
+this module (``KNOBS`` and ``plan_from_config``); the trainers need no change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, validate_noise_multiplier
+from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.eana import noise_unique_rows
+from tfdp_sparse.mechanisms.plans.base import NoisePlan
 
 KNOBS: frozenset = frozenset({"factor"})
 
+NOT_PRIVATE_REASON = "toy mechanism: noise on touched rows only reveals which rows were read"
 
-class TouchedRowsTwoSigma(Mechanism):
-    """``factor``·σ·C Gaussian noise on each touched row, σ·C on dense layers."""
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TouchedRowsPlan(NoisePlan):
+    """``factor``·σ·C on each touched row, σ·C on dense layers; no (ε, δ)."""
 
     name = "toy_touched_2sigma"
-
-    def __init__(self, noise_multiplier: float, l2_norm_clip: float, factor: float = 2.0, seed: Optional[int] = None):
-        super().__init__(l2_norm_clip=l2_norm_clip, seed=seed)
-        self.noise_multiplier = validate_noise_multiplier(noise_multiplier)
-        self.factor = float(factor)
-
-    def privatize(self, grads: Sequence[Gradient], variables, is_table, lookups=None) -> NoisedGradients:
-        stddev = self.noise_multiplier * self.l2_norm_clip
-        out, count = [], tf.constant(0, tf.int64)
-        for grad, var, table in zip(grads, variables, is_table):
-            if not table:
-                out.append(noise_dense(self, grad, var, stddev))
-            elif grad is None:
-                out.append(None)
-            else:
-                noised, values = noise_unique_rows(self, grad, self.factor * stddev)
-                out.append(noised)
-                count += values
-        return NoisedGradients(out, count)
+    l2_norm_clip: float
+    factor: float = 2.0
 
     def step_event(self, sampling_probability: float) -> None:
         return None
 
     def not_private_reason(self) -> str:
-        return "toy mechanism: noise on touched rows only reveals which rows were read"
+        return NOT_PRIVATE_REASON
 
     def describe(self) -> dict:
-        return {**super().describe(), "noise_multiplier": self.noise_multiplier, "factor": self.factor}
+        return {**super().describe(), "factor": self.factor}
+
+    def make_rule(self, seed: Optional[int] = None) -> "TouchedRowsTwoSigma":
+        return TouchedRowsTwoSigma(self, seed=seed)
 
 
-def from_config(config, seed: Optional[int] = None) -> TouchedRowsTwoSigma:
-    return TouchedRowsTwoSigma(config.noise_multiplier, config.l2_norm_clip, config.knob("factor", 2.0), seed=seed)
+class TouchedRowsTwoSigma(Mechanism):
+    """The graph side of :class:`TouchedRowsPlan`."""
+
+    def apply(self, step: StepGrads) -> NoisedGradients:
+        stddev = self.plan.noise_multiplier * self.l2_norm_clip
+        out, count = [], tf.constant(0, tf.int64)
+        for grad, var, table in step.entries():
+            if not table:
+                out.append(noise_dense(self, grad, var, stddev))
+            elif grad is None:
+                out.append(None)
+            else:
+                noised, values = noise_unique_rows(self, grad, self.plan.factor * stddev)
+                out.append(noised)
+                count += values
+        return NoisedGradients(out, count)
+
+
+def plan_from_config(config) -> TouchedRowsPlan:
+    return TouchedRowsPlan(noise_multiplier=config.noise_multiplier, l2_norm_clip=config.l2_norm_clip,
+                           factor=float(config.knob("factor", 2.0)))

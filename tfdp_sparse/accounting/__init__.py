@@ -18,7 +18,8 @@ Modules (every public name is re-exported here):
 * `validation` — checks of δ, σ, q and counts; `default_delta`, `delta_warning`;
 * `epsilon` — the accountant: `dpsgd_event`, `epsilon_from_event`,
   `compute_epsilon`;
-* `calibration` — `calibrate_noise_multiplier` for a target (ε, δ);
+* `calibration` — `calibrate_sigma` (the one calibrator, on any run event) and
+  `calibrate_noise_multiplier` (DP-SGD) for a target (ε, δ);
 * `event_json` — exact, whitelisted JSON (de)serialisation of DpEvents;
 * `ledger` — the run's `PrivacyLedger` (JSON-serialisable so checkpoints carry
   the spent budget);
@@ -47,7 +48,7 @@ import dp_accounting  # noqa: F401
 
 from tfdp_sparse.accounting.budget import (
     BudgetExceeded, check_budget, enforce_budget, max_steps_within_budget)
-from tfdp_sparse.accounting.calibration import calibrate_noise_multiplier
+from tfdp_sparse.accounting.calibration import calibrate_noise_multiplier, calibrate_sigma
 from tfdp_sparse.accounting.cli import main
 from tfdp_sparse.accounting.epsilon import (
     RDP_ORDERS, UnsupportedEventError, compute_epsilon, dpsgd_event,
@@ -66,6 +67,7 @@ __all__ = [
     "PrivacyNotAvailable",
     "UnsupportedEventError",
     "calibrate_noise_multiplier",
+    "calibrate_sigma",
     "check_budget",
     "compute_epsilon",
     "dpsgd_event",

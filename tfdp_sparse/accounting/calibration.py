@@ -23,8 +23,8 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from tfdp_sparse.accounting.epsilon import (
-    RDP_ORDERS, _adaptive_pld, _pld_epsilon, _rdp_epsilon, compute_epsilon,
-    dpsgd_event)
+    RDP_ORDERS, _adaptive_pld, _pld_epsilon, _rdp_epsilon,
+    compute_epsilon, dpsgd_event, epsilon_from_event)  # compute_epsilon: doctests
 from tfdp_sparse.accounting.validation import (
     _is_real, _validate_accountant, _validate_int, _validate_target_epsilon,
     sampling_probability, validate_delta)
@@ -52,33 +52,57 @@ def calibrate_noise_multiplier(target_epsilon: float, batch_size: int,
     target_epsilon = _validate_target_epsilon(target_epsilon)
     q = sampling_probability(batch_size, num_examples)
     steps = _validate_int("steps", steps, 1)
+
+    def make_event(sigma: float) -> dp_accounting.DpEvent:
+        return dpsgd_event(sigma, q, steps)
+
+    return calibrate_sigma(make_event, target_epsilon, delta, accountant, tolerance)
+
+
+def calibrate_sigma(make_event: EventOf, target_epsilon: float, delta: float,
+                    accountant: str = "pld", tolerance: float = 1e-3) -> float:
+    """Smallest σ (within `tolerance`) with `epsilon_from_event(make_event(σ)) <= target_epsilon`.
+
+    The one calibrator of the toolkit: `make_event(σ)` is the DpEvent of the
+    whole run (one-off events and steps) when the noise multiplier is σ, and
+    ε must fall as σ grows. Trainers build it from a pure-Python plan
+    (`tfdp_sparse.mechanisms.plan`), never from a TF object. The bracket
+    comes from the fast RDP accountant, Brent's method
+    (`dp_accounting.calibrate_dp_mechanism`) solves, and the result is
+    checked with `epsilon_from_event`, exactly what a ledger reports.
+
+    >>> ev = lambda s: dpsgd_event(s, 0.01, 1000)
+    >>> sigma = calibrate_sigma(ev, 1.0, 1e-6)
+    >>> round(sigma, 3), epsilon_from_event(ev(sigma), 1e-6) <= 1.0
+    (1.563, True)
+    """
+    target_epsilon = _validate_target_epsilon(target_epsilon)
     delta = validate_delta(delta)
     _validate_accountant(accountant)
     if not _is_real(tolerance) or not tolerance > 0:
         raise ValueError(f"tolerance={tolerance!r} is invalid: it must be > 0")
 
-    def make_event(sigma: float) -> dp_accounting.DpEvent:
-        return dpsgd_event(max(float(sigma), 0.0), q, steps)
+    def event_of(sigma: float) -> dp_accounting.DpEvent:
+        return make_event(max(float(sigma), 0.0))
 
-    lo, hi = _rdp_bracket(make_event, target_epsilon, delta)
+    lo, hi = _rdp_bracket(event_of, target_epsilon, delta)
     if lo == 0.0:
         return hi  # Essentially no noise is needed.
 
     rdp_sigma = float(dp_accounting.calibrate_dp_mechanism(
         lambda: rdp_privacy_accountant.RdpAccountant(orders=list(RDP_ORDERS)),
-        make_event, target_epsilon, delta,
+        event_of, target_epsilon, delta,
         dp_accounting.ExplicitBracketInterval(lo, hi), tol=tolerance))
 
     if accountant == "rdp":
         sigma = rdp_sigma
     else:
-        sigma = _pld_sigma(make_event, rdp_sigma, target_epsilon, delta,
+        sigma = _pld_sigma(event_of, rdp_sigma, target_epsilon, delta,
                            tolerance)
 
     # Guarantee the contract with exactly the function users will call.
     for _ in range(1000):
-        if compute_epsilon(sigma, batch_size, num_examples, steps, delta,
-                           accountant) <= target_epsilon:
+        if epsilon_from_event(event_of(sigma), delta, accountant) <= target_epsilon:
             return sigma
         sigma += tolerance
     raise RuntimeError("calibration failed to meet target_epsilon")  # pragma: no cover

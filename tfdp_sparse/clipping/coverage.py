@@ -69,7 +69,8 @@ def covered_variables(recorded: Sequence[Tap]) -> set:
     covered = set()
     for tap in recorded:
         if isinstance(tap, EmbeddingTap):
-            covered.add(tap.table.ref())
+            sharded = isinstance(tap.table, tf.__internal__.distribute.ShardedVariable)
+            covered.update(v.ref() for v in (tap.table.variables if sharded else [tap.table]))
         elif isinstance(tap, DenseTap):
             covered.add(tap.kernel.ref())
             if tap.bias is not None:

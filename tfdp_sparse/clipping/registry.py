@@ -32,6 +32,7 @@ import types
 from typing import Callable, Mapping, Optional
 
 import tensorflow as tf
+from tensorflow.python.autograph.impl.api import autograph_artifact  # no public equivalent
 
 from tfdp_sparse.clipping import keras_layers
 from tfdp_sparse.clipping.taps import LayerTap, TapRecorder
@@ -85,12 +86,20 @@ def default_registry() -> LayerRegistry:
     })
 
 
+def _is_op_layer(layer: tf.keras.layers.Layer) -> bool:
+    """Keras' own wrappers of inputs and TF ops in functional models: never hold variables.
+
+    They replace their ``call`` themselves (``TFOpLambda``), so they are left alone.
+    """
+    return isinstance(layer, tf.keras.layers.InputLayer) or type(layer).__module__.endswith(".tf_op_layer")
+
+
 def model_layers(model: tf.keras.layers.Layer) -> list[tf.keras.layers.Layer]:
-    """``model`` and every Keras layer under it (each once)."""
+    """``model`` and every Keras layer under it (each once), but Keras' op layers."""
     found = [model]
     seen = {id(model)}
     for module in model.submodules:
-        if isinstance(module, tf.keras.layers.Layer) and id(module) not in seen:
+        if isinstance(module, tf.keras.layers.Layer) and id(module) not in seen and not _is_op_layer(module):
             seen.add(id(module))
             found.append(module)
     return found
@@ -104,8 +113,12 @@ def _own_call(layer: tf.keras.layers.Layer) -> Callable:
 def _wrap(layer: tf.keras.layers.Layer, rule: Optional[LayerRule], recorder: TapRecorder) -> None:
     call = _own_call(layer)
 
+    @autograph_artifact  # AutoGraph calls it unconverted but keeps the caller's status for `own`
     def tapped_call(self, *args, **kwargs):
-        outputs = rule(self, recorder, call, *args, **kwargs) if rule is not None else call(*args, **kwargs)
+        # The layer's own call is converted as Keras' __call__ would have done
+        # (AutoGraph for Python control flow on tensors); rules need none.
+        own = tf.__internal__.autograph.tf_convert(call, tf.__internal__.autograph.control_status_ctx())
+        outputs = rule(self, recorder, own, *args, **kwargs) if rule is not None else own(*args, **kwargs)
         recorder.record(LayerTap(self))  # no-op unless a tape records
         return outputs
 

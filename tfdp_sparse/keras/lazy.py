@@ -51,7 +51,7 @@ import tensorflow as tf
 
 from tfdp_sparse.export import PendingNoiseError, ensure_no_pending_noise
 from tfdp_sparse.mechanisms.base import Mechanism
-from tfdp_sparse.mechanisms.lazydp import bound_mechanisms
+from tfdp_sparse.mechanisms.binding import bound_mechanisms
 
 Target = Union[Mechanism, tf.keras.Model, tf.keras.layers.Layer, Iterable]
 

@@ -208,12 +208,9 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         var_list = list(var_list() if callable(var_list) else var_list)
         recorded = self._recorder().take()
         clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip)
-        if self.mechanism.needs_lookups:
-            # Per-example looked-up ids (DP-AdaFEST's contribution map); only
-            # mechanisms that declare they need them get the keyword.
-            noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups)
-        else:
-            noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table)
+        # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
+        # map uses them; unused, their ops are pruned from the traced step).
+        noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups)
         if self.expected_batch_size is not None:
             denominator = tf.constant(float(self.expected_batch_size))
         else:

@@ -1,8 +1,9 @@
 """The toolkit's embedding layer: single-id and pooled multi-id lookups.
 
 ``DPEmbedding`` is an ordinary Keras layer (it trains without privacy too)
-that reads only the rows it needs (``tf.gather`` on the resource variable:
-``ResourceGather``, never a dense read of the table) and whose lookup
+that reads only the rows it needs (``tf.nn.embedding_lookup`` on the resource
+variable: ``ResourceGather``, never a dense read of the table; on a sharded
+table one gather per shard, rows returned in id order) and whose lookup
 (:meth:`DPEmbedding.lookup`) is reported to the private step by its clipping
 rule :func:`dp_embedding_rule` (:mod:`tfdp_sparse.clipping.registry`), so
 per-example norms can be computed from activation gradients.
@@ -33,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -79,6 +81,7 @@ class DPEmbedding(tf.keras.layers.Layer):
         self.validate_ids = validate_ids
         self._read_hooks: list[ReadHook] = []
         self._inference_hooks: list[ReadHook] = []
+        self._hook_owners: list = []  # weak references: the layer never keeps a mechanism alive
 
     def build(self, input_shape):
         self.embeddings = self.add_weight(
@@ -89,13 +92,27 @@ class DPEmbedding(tf.keras.layers.Layer):
         )
         super().build(input_shape)
 
-    def add_read_hook(self, hook: ReadHook) -> None:
-        """Registers ``hook(table, unique_ids)`` to run before rows are read."""
-        self._read_hooks.append(hook)
+    def add_read_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
+        """Registers ``hook(table, unique_ids)`` to run before rows are read.
 
-    def add_inference_hook(self, hook: ReadHook) -> None:
+        ``owner`` (e.g. the LazyDP mechanism whose hook it is) is remembered
+        weakly, so guards find it through :meth:`hook_owners`.
+        """
+        self._read_hooks.append(hook)
+        self._remember(owner)
+
+    def add_inference_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
         """Registers ``hook(table, unique_ids)`` to run before reads outside training."""
         self._inference_hooks.append(hook)
+        self._remember(owner)
+
+    def _remember(self, owner: Optional[object]) -> None:
+        if owner is not None and owner not in self.hook_owners():
+            self._hook_owners.append(weakref.ref(owner))
+
+    def hook_owners(self) -> list:
+        """The (live) owners of this layer's hooks, in registration order."""
+        return [o for o in (ref() for ref in self._hook_owners) if o is not None]
 
     def _hooks(self, training) -> list:
         return self._read_hooks if training else self._inference_hooks
@@ -128,7 +145,7 @@ class DPEmbedding(tf.keras.layers.Layer):
             with tf.control_dependencies(checks):
                 checks += self._run_hooks(tf.unique(ids)[0], training)
         with tf.control_dependencies(checks):
-            return tf.gather(self.embeddings, ids)
+            return tf.nn.embedding_lookup(self.embeddings, ids)  # keeps id order on sharded tables
 
     def read_table(self, training=None) -> tf.Tensor:
         """The whole table ``[V, d]``, read like a lookup of every row (hooks run first).
@@ -152,7 +169,7 @@ class DPEmbedding(tf.keras.layers.Layer):
             raise ValueError(f"{self.name}: read_table needs a built layer (call it on a batch first)")
         ops = self._run_hooks(tf.range(self.vocab_size, dtype=tf.int64), training)
         with tf.control_dependencies(ops):
-            return self.embeddings.read_value()
+            return tf.convert_to_tensor(self.embeddings)  # a ShardedVariable has no read_value
 
     def get_weights(self):
         """``[table]`` as NumPy, read through :meth:`read_table` (pending noise applied first)."""
@@ -199,7 +216,9 @@ class DPEmbedding(tf.keras.layers.Layer):
         if self._hooks(training):
             checks += self._run_hooks(tf.unique(tf.boolean_mask(ids, valid))[0], training)
         with tf.control_dependencies(checks):
-            rows = tf.gather(self.embeddings, safe_ids)  # ResourceGather: [B, L, d]
+            # ResourceGather [B, L, d]; on a ShardedVariable one gather per shard, rows kept in
+            # id order (tf.gather would return them in shard order there).
+            rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)
         return ids, rows
 
     def pool(self, ids: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:

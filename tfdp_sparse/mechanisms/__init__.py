@@ -1,11 +1,24 @@
-"""Update rules under one contract (see :mod:`tfdp_sparse.mechanisms.base`).
+"""Update rules under one contract: a pure-Python plan plus a graph-side rule.
 
-``build(config, seed)`` maps a :class:`tfdp_sparse.config.PrivacyConfig` to a
-mechanism. Each algorithm lives in its own module, which defines
-``from_config(config: PrivacyConfig, seed: Optional[int]) -> Mechanism`` and
-``KNOBS`` (the ``PrivacyConfig.extra`` names it accepts; others are refused);
-the registry below names the module, imported on first use, so adding an
-algorithm touches only its module and one line here.
+``plan(config)`` maps a :class:`tfdp_sparse.config.PrivacyConfig` to the
+algorithm's :class:`~tfdp_sparse.mechanisms.plans.base.Plan` (typed, frozen
+settings, its ``DpEvent``\\ s and :class:`Requirements`; no TensorFlow), after
+validating the config and refusing unknown knobs — the one place settings are
+checked. ``build(config, seed)`` is ``plan(config).make_rule(seed)``: the TF
+:class:`~tfdp_sparse.mechanisms.base.Mechanism` that noises a step and
+delegates its accounting to its plan.
+
+The registry below names, per algorithm, a module defining ``KNOBS`` (the
+``PrivacyConfig.extra`` names it accepts) and
+``plan_from_config(config) -> Plan``; it is imported on first use. Adding an
+algorithm touches only its module(s) and one line here. Importing this
+package (and the built-in plan modules) imports no TensorFlow.
+
+Example::
+
+    p = plan(PrivacyConfig(algorithm="lazydp", noise_multiplier=1.0))
+    p.requires().default_negatives     # "sampled"
+    mech = build(PrivacyConfig(algorithm="dpsgd"))   # a tf.Module
 """
 
 from __future__ import annotations
@@ -15,20 +28,25 @@ import importlib.util
 from typing import Optional
 
 from tfdp_sparse.config import PrivacyConfig
-from tfdp_sparse.mechanisms.base import Mechanism, NoisedGradients
-from tfdp_sparse.mechanisms.dpsgd import DPSGD
-from tfdp_sparse.mechanisms.nonprivate import NonPrivate
+from tfdp_sparse.mechanisms.plans.base import Plan, Requirements, TableInfo, refuse_unknown_knobs
 
-#: algorithm name -> module defining ``from_config``.
+#: algorithm name -> module defining ``KNOBS`` and ``plan_from_config``.
 ALGORITHMS: dict[str, str] = {
-    "sgd": "tfdp_sparse.mechanisms.nonprivate",
-    "dpsgd": "tfdp_sparse.mechanisms.dpsgd",
-    "eana": "tfdp_sparse.mechanisms.eana",
-    "dpfest": "tfdp_sparse.mechanisms.dpfest",
-    "adafest": "tfdp_sparse.mechanisms.adafest",
-    "adafest_plus": "tfdp_sparse.mechanisms.adafest_plus",
-    "lazydp": "tfdp_sparse.mechanisms.lazydp",
+    "sgd": "tfdp_sparse.mechanisms.plans.nonprivate",
+    "dpsgd": "tfdp_sparse.mechanisms.plans.dpsgd",
+    "eana": "tfdp_sparse.mechanisms.plans.eana",
+    "dpfest": "tfdp_sparse.mechanisms.plans.dpfest",
+    "adafest": "tfdp_sparse.mechanisms.plans.adafest",
+    "adafest_plus": "tfdp_sparse.mechanisms.plans.adafest_plus",
+    "lazydp": "tfdp_sparse.mechanisms.plans.lazydp",
 }
+
+#: The non-private reference (no clipping, no noise) that utility gaps are measured against.
+NONPRIVATE = "sgd"
+#: The dense private reference that speed-ups and gradient-size reductions are measured against.
+DENSE_REFERENCE = "dpsgd"
+#: The default algorithm of the trainers' ``--algorithm`` flag.
+DEFAULT = "dpsgd"
 
 
 def available() -> tuple[str, ...]:
@@ -40,19 +58,35 @@ def available() -> tuple[str, ...]:
     return tuple(names)
 
 
-def build(config: PrivacyConfig, seed: Optional[int] = None) -> Mechanism:
-    """The mechanism named by ``config.algorithm``."""
+def knobs(algorithm: str) -> frozenset:
+    """The ``PrivacyConfig.extra`` names ``algorithm`` accepts (e.g. to offer only its flags)."""
+    if algorithm not in available():
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {list(available())}")
+    return importlib.import_module(ALGORITHMS[algorithm]).KNOBS
+
+
+def plan(config: PrivacyConfig) -> Plan:
+    """The validated plan of ``config.algorithm`` (unknown algorithm or knob: ``ValueError``)."""
     config.validate()
     if config.algorithm not in available():
         raise ValueError(f"unknown algorithm {config.algorithm!r}; choose one of {list(available())}")
     module = importlib.import_module(ALGORITHMS[config.algorithm])
-    unknown = sorted(set(dict(config.extra)) - module.KNOBS)
-    if unknown:
-        raise ValueError(
-            f"algorithm {config.algorithm!r} has no knob {unknown}: its knobs are "
-            f"{sorted(module.KNOBS) or 'none'} (a typo, or a knob of another algorithm?)"
-        )
-    return module.from_config(config, seed)
+    refuse_unknown_knobs(config.algorithm, config.extra, module.KNOBS)
+    return module.plan_from_config(config)
 
 
-__all__ = ["Mechanism", "NoisedGradients", "DPSGD", "NonPrivate", "build", "available", "ALGORITHMS"]
+def build(config: PrivacyConfig, seed: Optional[int] = None):
+    """The mechanism named by ``config.algorithm`` (``seed=None``: noise from OS entropy)."""
+    return plan(config).make_rule(seed)
+
+
+def __getattr__(name: str):
+    """Lazy exports of the TF classes, so that importing the registry imports no TensorFlow."""
+    lazy = {"Mechanism": "base", "NoisedGradients": "base", "DPSGD": "dpsgd", "NonPrivate": "nonprivate"}
+    if name not in lazy:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{lazy[name]}"), name)
+
+
+__all__ = ["Plan", "Requirements", "TableInfo", "plan", "build", "knobs", "available", "ALGORITHMS", "NONPRIVATE",
+           "DENSE_REFERENCE", "DEFAULT", "Mechanism", "NoisedGradients", "DPSGD", "NonPrivate"]

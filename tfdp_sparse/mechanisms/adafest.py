@@ -59,67 +59,22 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from typing import Optional, Sequence
 
-import dp_accounting
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, sum_rows_at
-from tfdp_sparse.mechanisms.dpsgd import gaussian_step_event, noise_dense
+from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_rows_at
+from tfdp_sparse.mechanisms.dpsgd import noise_dense
+from tfdp_sparse.mechanisms.plans.adafest import (  # noqa: F401 (settings re-exported for callers)
+    KNOBS,
+    AdaFESTPlan,
+    effective_noise_multiplier,
+    noise_settings_from_config,
+    plan_from_config,
+    sigmas_from_ratio,
+    validate_filter_settings,
+)
 from tfdp_sparse.selection.false_positives import false_positive_probability, sample_false_positives_tf
-
-# ----------------------------------------------------------------------------
-# Settings.
-
-
-def _finite(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite number")
-    return float(value)
-
-
-def validate_filter_settings(tau, sigma1, C1) -> tuple[float, float, float]:
-    """Checks ``tau >= 0``, ``sigma1 > 0``, ``C1 > 0``; returns them as floats."""
-    tau, sigma1, C1 = _finite(tau, "tau"), _finite(sigma1, "sigma1"), _finite(C1, "C1")
-    if tau < 0:
-        raise ValueError(
-            f"tau={tau!r} must be >= 0: a negative threshold keeps more than half of all buckets "
-            "(every zero-count bucket passes with probability > 1/2) and defeats sparse filtering"
-        )
-    if sigma1 <= 0:
-        raise ValueError(
-            f"sigma1={sigma1!r} must be > 0: it is the noise multiplier of the contribution map, "
-            "without noise the kept set reveals which buckets the batch looked up"
-        )
-    if C1 <= 0:
-        raise ValueError(f"C1={C1!r} must be > 0 (L2 clip norm of the per-example contribution vectors)")
-    return tau, sigma1, C1
-
-
-def sigmas_from_ratio(effective: float, ratio: float) -> tuple[float, float]:
-    """``(sigma1, sigma2)`` with ``sigma1 / sigma2 = ratio`` whose effective σ is ``effective``.
-
-    ``sigma2 = effective * sqrt(1 + ratio^-2)``, ``sigma1 = ratio * sigma2``
-    (the inverse of :func:`effective_noise_multiplier`).
-
-    >>> [round(s, 5) for s in sigmas_from_ratio(1.0, 5.0)]
-    [5.09902, 1.0198]
-    """
-    sigma2 = effective * math.sqrt(1.0 + ratio**-2)
-    return ratio * sigma2, sigma2
-
-
-def effective_noise_multiplier(sigma1: float, sigma2: float) -> float:
-    """``(sigma1^-2 + sigma2^-2)^-1/2``: one Gaussian equivalent to both (0 if either is 0).
-
-    >>> round(effective_noise_multiplier(5.0, 1.0), 5)
-    0.98058
-    """
-    if sigma1 == 0 or sigma2 == 0:
-        return 0.0
-    return (sigma1**-2 + sigma2**-2) ** -0.5
 
 
 # ----------------------------------------------------------------------------
@@ -320,24 +275,23 @@ class AdaFEST(Mechanism):
       seed: seed of the noise generator.
     """
 
-    name = "adafest"
-    needs_lookups = True
-
     def __init__(
         self, sigma1: float, sigma2: float, C1: float, tau: float, l2_norm_clip: float, seed: Optional[int] = None
     ):
-        super().__init__(l2_norm_clip=l2_norm_clip, seed=seed)
-        self.tau, self.sigma1, self.C1 = validate_filter_settings(tau, sigma1, C1)
-        sigma2 = _finite(sigma2, "sigma2")
-        if sigma2 < 0:
-            raise ValueError(f"sigma2={sigma2!r} must be >= 0 (noise multiplier of the gradient)")
-        self.sigma2 = sigma2
-        self.false_positive_rate = false_positive_probability(self.tau, self.sigma1, self.C1)
+        plan = AdaFESTPlan(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, l2_norm_clip=l2_norm_clip)
+        super().__init__(plan, seed=seed)
+
+    tau = property(lambda self: self.plan.tau, doc="Threshold on the noisy map.")
+    sigma1 = property(lambda self: self.plan.sigma1, doc="Noise multiplier of the map.")
+    sigma2 = property(lambda self: self.plan.sigma2, doc="Noise multiplier of the gradient.")
+    C1 = property(lambda self: self.plan.C1, doc="Clip norm of the contribution vectors.")
+    false_positive_rate = property(lambda self: self.plan.false_positive_rate,
+                                   doc="Probability that a bucket nobody looked up passes.")
 
     @property
     def effective_noise_multiplier(self) -> float:
         """``(sigma1^-2 + sigma2^-2)^-1/2``, the sigma the accountant sees."""
-        return effective_noise_multiplier(self.sigma1, self.sigma2)
+        return self.plan.effective_noise_multiplier
 
     def filter(self, lookups: Sequence[Optional[tf.Tensor]], num_buckets: Sequence[int]) -> list[TableFilter]:
         """:func:`contribution_filter` with this mechanism's settings and generator."""
@@ -354,15 +308,10 @@ class AdaFEST(Mechanism):
         filters = self.filter([lookups[i] for i in tables], [int(variables[i].shape[0]) for i in tables])
         return dict(zip(tables, filters))
 
-    def privatize(
-        self,
-        grads: Sequence[Gradient],
-        variables: Sequence[tf.Variable],
-        is_table: Sequence[bool],
-        lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
-    ) -> NoisedGradients:
-        lookups = check_lookups(grads, variables, is_table, lookups, self._label)
-        by_index = self._table_filters(lookups, variables, is_table)
+    def apply(self, step: StepGrads) -> NoisedGradients:
+        grads, variables = step.grads, step.variables
+        lookups = check_lookups(grads, variables, step.is_table, step.lookups, self._label)
+        by_index = self._table_filters(lookups, variables, step.is_table)
         stddev = self.sigma2 * self.l2_norm_clip
         out: list[Gradient] = []
         count = tf.constant(0, tf.int64)
@@ -376,52 +325,7 @@ class AdaFEST(Mechanism):
             count += values
         return NoisedGradients(out, count)
 
-    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
-        """``PoissonSampled(q, Gaussian((sigma1^-2 + sigma2^-2)^-1/2))``."""
-        return gaussian_step_event(self.effective_noise_multiplier, sampling_probability)
-
-    def describe(self) -> dict:
-        return {
-            **super().describe(),
-            "sigma1": self.sigma1,
-            "sigma2": self.sigma2,
-            "effective_noise_multiplier": self.effective_noise_multiplier,
-            "C1": self.C1,
-            "tau": self.tau,
-            "false_positive_rate": self.false_positive_rate,
-        }
-
-
-#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
-KNOBS: frozenset = frozenset({"tau", "sigma1", "sigma2", "sigma_ratio", "C1"})
-
-
-def noise_settings_from_config(config) -> dict:
-    """``sigma1``, ``sigma2``, ``C1``, ``tau`` from the knobs (see the module docstring)."""
-    tau = config.knob("tau")
-    if tau is None:
-        raise ValueError("knob tau (threshold on the noisy contribution map) must be set for DP-AdaFEST")
-    ratio, sigma1, sigma2 = config.knob("sigma_ratio"), config.knob("sigma1"), config.knob("sigma2")
-    if ratio is not None:
-        if sigma1 is not None or sigma2 is not None:
-            raise ValueError("give either sigma_ratio (with noise_multiplier as the effective sigma) or sigma1/sigma2, not both")
-        ratio = _finite(ratio, "sigma_ratio")
-        if ratio <= 0:
-            raise ValueError(f"sigma_ratio={ratio!r} must be > 0 (sigma1 / sigma2)")
-        sigma1, sigma2 = sigmas_from_ratio(config.noise_multiplier, ratio)
-    else:
-        if sigma1 is None:
-            raise ValueError("knob sigma1 (noise multiplier of the contribution map) or sigma_ratio must be set for DP-AdaFEST")
-        if sigma2 is not None and config.target_epsilon is not None:
-            raise ValueError(
-                f"sigma1={sigma1} and sigma2={sigma2} fix DP-AdaFEST's noise (effective sigma "
-                f"{effective_noise_multiplier(sigma1, sigma2):.4g}), so target_epsilon={config.target_epsilon} "
-                "cannot calibrate it: give sigma_ratio (then the effective sigma is calibrated) or only sigma1"
-            )
-        sigma2 = config.noise_multiplier if sigma2 is None else sigma2
-    return {"sigma1": sigma1, "sigma2": sigma2, "C1": config.knob("C1", 1.0), "tau": tau}
-
 
 def from_config(config, seed: Optional[int] = None) -> AdaFEST:
-    """Registry constructor; knobs ``tau``, ``C1``, ``sigma1``/``sigma2`` or ``sigma_ratio``."""
-    return AdaFEST(l2_norm_clip=config.l2_norm_clip, seed=seed, **noise_settings_from_config(config))
+    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.adafest`)."""
+    return plan_from_config(config).make_rule(seed)

@@ -40,7 +40,10 @@ import dp_accounting
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms import adafest
-from tfdp_sparse.mechanisms.dpfest import SELECTION_KNOBS, BucketSelection, UsesSelection, selection_from_config
+from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.mechanisms.bucket_selection import BucketSelection
+from tfdp_sparse.mechanisms.dpfest import UsesSelection
+from tfdp_sparse.mechanisms.plans.adafest_plus import KNOBS, AdaFESTPlusPlan, plan_from_config  # noqa: F401
 
 
 def to_domain_positions(ids: tf.Tensor, domain: tf.Tensor) -> tf.Tensor:
@@ -90,9 +93,6 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
       sigma1, sigma2, C1, tau, l2_norm_clip, seed: as for :class:`AdaFEST`.
     """
 
-    name = "adafest_plus"
-    needs_lookups = True
-
     def __init__(
         self,
         selection: BucketSelection,
@@ -103,9 +103,11 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
         l2_norm_clip: float,
         seed: Optional[int] = None,
     ):
-        super().__init__(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, l2_norm_clip=l2_norm_clip, seed=seed)
         if not isinstance(selection, BucketSelection):
             raise TypeError(f"selection must be a BucketSelection, got {type(selection).__name__}")
+        plan = AdaFESTPlusPlan(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, l2_norm_clip=l2_norm_clip,
+                               selection=selection.settings)
+        Mechanism.__init__(self, plan, seed=seed)  # AdaFEST's own __init__ would build AdaFEST's plan
         self.selection = selection
 
     _label = "DP-AdaFEST+"
@@ -127,22 +129,13 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
         return dict(zip(tables, filters))
 
     def setup_event(self) -> Optional[dp_accounting.DpEvent]:
-        """The preselection's one-off cost (RDP accountant only when private)."""
-        return self.selection.setup_event()
+        """The plan's one-off preselection cost for the bound tables (RDP accountant only when private)."""
+        return self.plan.setup_event(self.selection.table_infos())
 
     def describe(self) -> dict:
-        return {**super().describe(), **self.selection.describe()}
-
-
-#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
-KNOBS: frozenset = adafest.KNOBS | SELECTION_KNOBS
+        return {**self.plan.describe(), **self.selection.describe()}
 
 
 def from_config(config, seed: Optional[int] = None) -> AdaFESTPlus:
-    """Registry constructor; DP-FEST's selection knobs plus DP-AdaFEST's filter knobs."""
-    return AdaFESTPlus(
-        selection_from_config(config, seed),
-        l2_norm_clip=config.l2_norm_clip,
-        seed=seed,
-        **adafest.noise_settings_from_config(config),
-    )
+    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.adafest_plus`)."""
+    return plan_from_config(config).make_rule(seed)

@@ -24,9 +24,15 @@ Rules every implementation follows:
   the step applies (rows x width, summed over tables): the "gradient size"
   that sparse algorithms shrink. Dense layers are dense in every algorithm
   and are not counted.
-* Mechanisms that need the per-example looked-up ids of the tables (not
-  only the summed gradients) set ``needs_lookups = True`` and receive them
-  as ``privatize(..., lookups=[ids [B, L] or None per variable])``.
+* A rule implements one method, ``apply(step: StepGrads) -> NoisedGradients``
+  (graph code only: no files, no model). :class:`StepGrads` carries the
+  aligned gradients, variables, table flags and, for tables, the
+  per-example looked-up ids ``[B, L]`` (used by rules whose plan's
+  ``requires().lookups`` is set, DP-AdaFEST). ``privatize(grads, variables,
+  is_table, lookups)`` is the callers' entry point and builds the StepGrads.
+* The accounting (``step_event``, ``setup_event``, ``not_private_reason``,
+  ``describe``) is the plan's (:mod:`tfdp_sparse.mechanisms.plans`): pure
+  Python, so calibration and trainers read it without building this object.
 * A mechanism never imports models or trainers; adding one touches nothing
   but its own module (and the registry in :mod:`tfdp_sparse.mechanisms`).
 
@@ -48,6 +54,7 @@ import dp_accounting
 import tensorflow as tf
 
 from tfdp_sparse.accounting.validation import validate_l2_norm_clip, validate_noise_multiplier  # noqa: F401 (re-exported)
+from tfdp_sparse.mechanisms.plans.base import Plan
 from tfdp_sparse.noise_source import NoiseSource
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
@@ -65,6 +72,46 @@ class NoisedGradients:
 
     grads: list[Gradient]
     embedding_values: tf.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class StepGrads:
+    """One step's input to a rule: summed clipped gradients, aligned per variable.
+
+    Attributes:
+      grads: ``IndexedSlices`` for tables (one entry per lookup, ids may
+        repeat), dense tensors otherwise, ``None`` where nothing flowed.
+      variables: the trainable variables, aligned with ``grads``.
+      is_table: which variables are embedding tables.
+      lookups: ``None``, or per variable the int64 ids ``[B, L]`` the batch
+        looked up (``-1`` = padding; ``None`` for non-tables).
+
+    Example::
+
+        step = StepGrads.of([g_table, g_kernel], [table, kernel], [True, False])
+        for grad, var, table in step.entries(): ...
+    """
+
+    grads: tuple
+    variables: tuple
+    is_table: tuple
+    lookups: Optional[tuple] = None
+
+    @classmethod
+    def of(cls, grads, variables, is_table, lookups=None) -> "StepGrads":
+        """Checks that the lists align and freezes them."""
+        n = len(variables)
+        if len(grads) != n or len(is_table) != n or (lookups is not None and len(lookups) != n):
+            raise ValueError(
+                f"grads ({len(grads)}), variables ({n}), is_table ({len(is_table)}) and lookups "
+                f"({None if lookups is None else len(lookups)}) must be aligned"
+            )
+        return cls(tuple(grads), tuple(variables), tuple(bool(t) for t in is_table),
+                   None if lookups is None else tuple(lookups))
+
+    def entries(self):
+        """``(grad, variable, is_table)`` per variable."""
+        return zip(self.grads, self.variables, self.is_table)
 
 
 def sum_duplicates(slices: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
@@ -105,26 +152,40 @@ def unique_row_values(slices: tf.IndexedSlices) -> tf.Tensor:
 
 
 class Mechanism(tf.Module, abc.ABC):
-    """Base class of update rules; see the module docstring for the contract.
+    """Base class of graph-side update rules; see the module docstring for the contract.
+
+    The privacy description lives in the mechanism's :attr:`plan` (pure
+    Python, :mod:`tfdp_sparse.mechanisms.plans`): ``step_event``,
+    ``setup_event``, ``not_private_reason``, ``describe``,
+    ``required_accountant`` and ``needs_lookups`` delegate to it.
 
     Args:
-      l2_norm_clip: per-example clipping bound ``C`` (``None``: no clipping,
-        only for non-private training).
+      plan: the settings and accounting of this rule.
       seed: ``None`` (default): noise seeded from OS entropy, the only
         private choice. An integer: reproducible noise for tests and
         debugging (the run is then labelled not private).
     """
 
-    #: Name used by flags and the registry, e.g. ``"dpsgd"``.
-    name: str = ""
-    #: True if ``privatize`` needs the per-example looked-up ids (``lookups=``).
-    needs_lookups: bool = False
-
-    def __init__(self, l2_norm_clip: Optional[float], seed: Optional[int] = None):
-        super().__init__(name=f"{self.name or 'mechanism'}_mechanism")
-        self._l2_norm_clip = None if l2_norm_clip is None else validate_l2_norm_clip(l2_norm_clip)
+    def __init__(self, plan: Plan, seed: Optional[int] = None):
+        super().__init__(name=f"{plan.name or 'mechanism'}_mechanism")
+        self._plan = plan
         self._noise_source = NoiseSource(seed)
         self.rng = self._noise_source.tf_generator()
+
+    @property
+    def plan(self) -> Plan:
+        """The pure-Python privacy plan this rule implements."""
+        return self._plan
+
+    @property
+    def name(self) -> str:
+        """Name used by flags and the registry, e.g. ``"dpsgd"`` (the plan's)."""
+        return self._plan.name
+
+    @property
+    def needs_lookups(self) -> bool:
+        """True if ``privatize`` needs the per-example looked-up ids (``lookups=``)."""
+        return self._plan.requires().lookups
 
     @property
     def noise_source(self) -> NoiseSource:
@@ -134,9 +195,8 @@ class Mechanism(tf.Module, abc.ABC):
     @property
     def l2_norm_clip(self) -> Optional[float]:
         """Per-example clipping bound, or ``None`` when examples are not clipped."""
-        return self._l2_norm_clip
+        return self._plan.l2_norm_clip
 
-    @abc.abstractmethod
     def privatize(
         self,
         grads: Sequence[Gradient],
@@ -144,31 +204,35 @@ class Mechanism(tf.Module, abc.ABC):
         is_table: Sequence[bool],
         lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
     ) -> NoisedGradients:
-        """Noised summed gradients for one step (graph-safe, no Python side effects).
+        """Noised summed gradients for one step: :meth:`apply` on the aligned lists.
 
         ``lookups`` (optional, aligned with ``variables``): for tables the
         int64 ids ``[B, L]`` the batch looked up (``-1`` = padding), ``None``
         otherwise — :attr:`ClippedGradients.lookups
-        <tfdp_sparse.clipping.clip.ClippedGradients>`. The optimizer passes
-        it only to mechanisms whose class sets ``needs_lookups = True``;
-        others may ignore it.
+        <tfdp_sparse.clipping.clip.ClippedGradients>`. Rules whose plan does
+        not require lookups ignore them.
         """
+        return self.apply(StepGrads.of(grads, variables, is_table, lookups))
 
     @abc.abstractmethod
+    def apply(self, step: "StepGrads") -> NoisedGradients:
+        """Noised summed gradients for one step (graph-safe, no Python side effects)."""
+
     def step_event(self, sampling_probability: float) -> Optional[dp_accounting.DpEvent]:
-        """The ``DpEvent`` of one step at Poisson rate ``q``, or ``None`` (see contract)."""
+        """The ``DpEvent`` of one step at Poisson rate ``q``, or ``None`` (the plan's)."""
+        return self._plan.step_event(sampling_probability)
 
     def not_private_reason(self) -> Optional[str]:
-        """Why this mechanism has no (ε, δ) guarantee, or ``None`` if it has one."""
-        return None
+        """Why this mechanism has no (ε, δ) guarantee, or ``None`` if it has one (the plan's)."""
+        return self._plan.not_private_reason()
 
     def setup_event(self) -> Optional[dp_accounting.DpEvent]:
-        """Privacy cost paid once before training (e.g. private selection)."""
-        return None
+        """Privacy cost paid once before training (e.g. private selection), for the bound tables."""
+        return self._plan.setup_event(None)
 
     def describe(self) -> dict:
-        """Privacy-relevant settings, for logs and the metrics line."""
-        return {"algorithm": self.name, "l2_norm_clip": self._l2_norm_clip}
+        """Privacy-relevant settings, for logs and the metrics line (the plan's)."""
+        return self._plan.describe()
 
     # -- Optional hooks: every mechanism has them, the defaults do nothing. ----
     # (Callers call them unconditionally instead of probing with getattr.)
@@ -181,8 +245,8 @@ class Mechanism(tf.Module, abc.ABC):
 
     @property
     def required_accountant(self) -> Optional[str]:
-        """The only accountant that may compose this mechanism's events (``None``: any)."""
-        return None
+        """The only accountant that may compose this mechanism's events (``None``: any; the plan's)."""
+        return self._plan.requires().accountant
 
     @property
     def needs_private_selection(self) -> bool:

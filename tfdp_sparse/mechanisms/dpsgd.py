@@ -17,24 +17,11 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import dp_accounting
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import (
-    Gradient,
-    Mechanism,
-    NoisedGradients,
-    validate_noise_multiplier,
-)
-
-
-def gaussian_step_event(noise_multiplier: float, sampling_probability: float) -> dp_accounting.DpEvent:
-    """One Poisson-subsampled Gaussian step (``NonPrivate`` when sigma = 0)."""
-    if noise_multiplier == 0:
-        return dp_accounting.NonPrivateDpEvent()
-    return dp_accounting.PoissonSampledDpEvent(
-        sampling_probability, dp_accounting.GaussianDpEvent(noise_multiplier)
-    )
+from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads
+from tfdp_sparse.mechanisms.plans.base import gaussian_step_event  # noqa: F401 (re-exported)
+from tfdp_sparse.mechanisms.plans.dpsgd import KNOBS, DPSGDPlan, plan_from_config  # noqa: F401 (KNOBS re-exported)
 
 
 def noise_dense(mech: Mechanism, grad: Optional[tf.Tensor], variable: tf.Variable, stddev: float) -> tf.Tensor:
@@ -51,40 +38,25 @@ def noise_dense(mech: Mechanism, grad: Optional[tf.Tensor], variable: tf.Variabl
 class DPSGD(Mechanism):
     """Gaussian noise of std ``sigma * C`` on every coordinate of every variable."""
 
-    name = "dpsgd"
-
     def __init__(self, noise_multiplier: float, l2_norm_clip: float, seed: Optional[int] = None):
-        super().__init__(l2_norm_clip=l2_norm_clip, seed=seed)
-        self.noise_multiplier = validate_noise_multiplier(noise_multiplier)
+        super().__init__(DPSGDPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip), seed=seed)
 
-    def privatize(
-        self,
-        grads: Sequence[Gradient],
-        variables: Sequence[tf.Variable],
-        is_table: Sequence[bool],
-        lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
-    ) -> NoisedGradients:
-        del lookups  # not needed: noise does not depend on which rows were read
+    @property
+    def noise_multiplier(self) -> float:
+        return self.plan.noise_multiplier
+
+    def apply(self, step: StepGrads) -> NoisedGradients:
         stddev = self.noise_multiplier * self.l2_norm_clip
         out = []
         count = tf.constant(0, tf.int64)
-        for grad, var, table in zip(grads, variables, is_table):
+        for grad, var, table in step.entries():
             out.append(noise_dense(self, grad, var, stddev))
             if table:
                 count += int(var.shape.num_elements())
         return NoisedGradients(out, count)
 
-    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
-        return gaussian_step_event(self.noise_multiplier, sampling_probability)
-
-    def describe(self) -> dict:
-        return {**super().describe(), "noise_multiplier": self.noise_multiplier}
-
-
-#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
-KNOBS: frozenset = frozenset()
 
 
 def from_config(config, seed: Optional[int] = None) -> DPSGD:
-    """Registry constructor (see :mod:`tfdp_sparse.mechanisms`)."""
-    return DPSGD(config.noise_multiplier, config.l2_norm_clip, seed=seed)
+    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.dpsgd`; ``KNOBS`` re-exported)."""
+    return plan_from_config(config).make_rule(seed)

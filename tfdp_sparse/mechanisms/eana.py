@@ -36,22 +36,9 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import (
-    Gradient,
-    Mechanism,
-    NoisedGradients,
-    sum_duplicates,
-    validate_noise_multiplier,
-)
+from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_duplicates
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
-
-NOT_PRIVATE_REASON = (
-    "EANA adds noise only to the embedding rows a batch looked up, so the set of rows that change "
-    "reveals which rows were looked up: it is not differentially private against an adversary who "
-    "sees intermediate models (nor the final model when a row is looked up by few examples), and no "
-    "(epsilon, delta) is reported. The paper's data-dependent bound (EANA Thm 3.1 / eq. 9) is "
-    "available as an analysis tool only: tfdp_sparse.analysis.eana_bound.eana_epsilon"
-)
+from tfdp_sparse.mechanisms.plans.eana import KNOBS, NOT_PRIVATE_REASON, EANAPlan, plan_from_config  # noqa: F401
 
 
 def noise_unique_rows(
@@ -79,24 +66,18 @@ class EANA(Mechanism):
       seed: seed of the noise generator.
     """
 
-    name = "eana"
-
     def __init__(self, noise_multiplier: float, l2_norm_clip: float, seed: Optional[int] = None):
-        super().__init__(l2_norm_clip=l2_norm_clip, seed=seed)
-        self.noise_multiplier = validate_noise_multiplier(noise_multiplier)
+        super().__init__(EANAPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip), seed=seed)
 
-    def privatize(
-        self,
-        grads: Sequence[Gradient],
-        variables: Sequence[tf.Variable],
-        is_table: Sequence[bool],
-        lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
-    ) -> NoisedGradients:
-        del lookups  # the clipped IndexedSlices already name the looked-up rows
+    @property
+    def noise_multiplier(self) -> float:
+        return self.plan.noise_multiplier
+
+    def apply(self, step: StepGrads) -> NoisedGradients:
         stddev = self.noise_multiplier * self.l2_norm_clip
         out: list[Gradient] = []
         count = tf.constant(0, tf.int64)
-        for grad, var, table in zip(grads, variables, is_table):
+        for grad, var, table in step.entries():  # the IndexedSlices name the looked-up rows
             if not table:
                 out.append(noise_dense(self, grad, var, stddev))
             elif grad is None:
@@ -112,26 +93,7 @@ class EANA(Mechanism):
                 )
         return NoisedGradients(out, count)
 
-    def step_event(self, sampling_probability: float) -> None:
-        """``None``: EANA has no (epsilon, delta) guarantee (see ``not_private_reason``)."""
-        return None
-
-    def not_private_reason(self) -> str:
-        return NOT_PRIVATE_REASON
-
-    def describe(self) -> dict:
-        return {
-            **super().describe(),
-            "noise_multiplier": self.noise_multiplier,
-            "differentially_private": False,
-            "not_private_reason": NOT_PRIVATE_REASON,
-        }
-
-
-#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
-KNOBS: frozenset = frozenset()
-
 
 def from_config(config, seed: Optional[int] = None) -> EANA:
-    """Registry constructor (see :mod:`tfdp_sparse.mechanisms`)."""
-    return EANA(config.noise_multiplier, config.l2_norm_clip, seed=seed)
+    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.eana`)."""
+    return plan_from_config(config).make_rule(seed)

@@ -14,45 +14,27 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import dp_accounting
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, unique_row_values
+from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, unique_row_values
+from tfdp_sparse.mechanisms.plans.nonprivate import KNOBS, NonPrivatePlan, plan_from_config  # noqa: F401 (KNOBS re-exported)
 
 
 class NonPrivate(Mechanism):
     """Identity update rule (ordinary SGD)."""
 
-    name = "sgd"
-
     def __init__(self, seed: Optional[int] = None):
-        super().__init__(l2_norm_clip=None, seed=seed)
+        super().__init__(NonPrivatePlan(), seed=seed)
 
-    def privatize(
-        self,
-        grads: Sequence[Gradient],
-        variables: Sequence[tf.Variable],
-        is_table: Sequence[bool],
-        lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
-    ) -> NoisedGradients:
-        del lookups  # not needed: noise does not depend on which rows were read
+    def apply(self, step: StepGrads) -> NoisedGradients:
         count = tf.constant(0, tf.int64)
-        for grad, table in zip(grads, is_table):
+        for grad, table in zip(step.grads, step.is_table):
             if table and isinstance(grad, tf.IndexedSlices):
                 count += unique_row_values(grad)
-        return NoisedGradients(list(grads), count)
+        return NoisedGradients(list(step.grads), count)
 
-    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
-        return dp_accounting.NonPrivateDpEvent()
-
-    def not_private_reason(self) -> str:
-        return "non-private training (no clipping, no noise)"
-
-
-#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
-KNOBS: frozenset = frozenset()
 
 
 def from_config(config, seed: Optional[int] = None) -> NonPrivate:
-    """Registry constructor (see :mod:`tfdp_sparse.mechanisms`)."""
-    return NonPrivate(seed=seed)
+    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.nonprivate`)."""
+    return plan_from_config(config).make_rule(seed)

@@ -1,0 +1,38 @@
+"""Which mechanisms are bound to a model's layers (read hooks), found without naming an algorithm.
+
+A mechanism that hooks a model's layers (LazyDP's catch-up reads) registers
+its hooks with ``DPEmbedding.add_read_hook(hook, owner=mechanism)``; guards
+(export, the Keras callbacks) ask :func:`bound_mechanisms` for the
+mechanisms of a model and call their ``has_pending`` / ``pending_rows`` /
+``flush`` hooks. The layers hold the owners (weakly); there is no
+module-level map.
+
+Example::
+
+    layer.add_read_hook(mech.catch_up, owner=mech)   # in mech.bind_model(model)
+    bound_mechanisms(model)                          # [mech]
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def layers_of(model) -> list:
+    """``model`` and every ``tf.Module`` below it (empty for anything else)."""
+    if isinstance(model, tf.Module):
+        return [model] + [m for m in model.submodules if isinstance(m, tf.Module)]
+    return []
+
+
+def bound_mechanisms(model) -> list:
+    """The mechanisms whose hooks (``bind_model``) sit on ``model``'s embedding layers."""
+    from tfdp_sparse.layers.embedding import DPEmbedding  # layers import no mechanism
+
+    found: list = []
+    for layer in layers_of(model):
+        if isinstance(layer, DPEmbedding):
+            for mech in layer.hook_owners():
+                if mech not in found:
+                    found.append(mech)
+    return found

@@ -1,0 +1,162 @@
+"""LazyDP's binding to its optimizer and to a model's tables (split from :mod:`.lazydp`).
+
+``check_optimizer`` refuses optimizers that break LazyDP's equivalence with
+dense DP-SGD (Lim et al., ASPLOS'24, §5.2: plain SGD, no momentum, a fixed
+expected batch size) and keeps a weak reference to the optimizer;
+``bind_model`` creates one int32 history per ``DPEmbedding`` table and
+registers the catch-up read hooks (:mod:`.lazydp_catchup`).
+
+Example::
+
+    mech.bind_model(model)                     # built model with DPEmbedding
+    DPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)  # calls check_optimizer
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import tensorflow as tf
+
+from tfdp_sparse.mechanisms import binding
+from tfdp_sparse.mechanisms.tables import is_trainable, variable_device, variable_key
+
+
+class _Tables:
+    """Python-side bookkeeping (not tracked: the model owns its tables)."""
+
+    def __init__(self):
+        self.variables: list[tf.Variable] = []
+        self.names: list[str] = []
+        self.index: dict = {}  # table.ref() -> position in LazyDP._histories
+        self.dense_fallback: dict = {}  # table.ref() -> layer name
+        self.bound = False
+        self.optimizer = None  # weakref to the optimizer checked last
+
+
+
+class LazyBinding:
+    """Mixin of :class:`~tfdp_sparse.mechanisms.lazydp.LazyDP`: optimizer and table binding."""
+
+
+    def check_optimizer(self, optimizer) -> None:
+        """Refuses optimizers that break the equivalence; keeps a reference.
+
+        Called by ``DPOptimizer.__init__``. LazyDP needs plain SGD (no
+        momentum, weight decay or EMA) and a fixed ``expected_batch_size``.
+        """
+        if not isinstance(optimizer, (tf.keras.optimizers.SGD, tf.keras.optimizers.legacy.SGD)):
+            raise TypeError(
+                f"LazyDP needs plain SGD (tfdp_sparse.keras.DPOptimizer), got optimizer "
+                f"{type(optimizer).__name__}: a stateful optimizer (Adam, Adagrad, ...) keeps per-row "
+                "state that changes untouched rows at every step, which deferred noise cannot reproduce"
+            )
+        momentum = getattr(optimizer, "momentum", 0.0)
+        if callable(momentum) or isinstance(momentum, (tf.Tensor, tf.Variable)) or float(momentum) != 0.0:
+            raise ValueError(
+                f"LazyDP refuses momentum={momentum!r}: with momentum every row keeps moving by its "
+                "velocity (which carries past noise) at every step, so noise cannot be deferred and "
+                "the result would no longer be DP-SGD's distribution. Use momentum=0.0."
+            )
+        for key in ("weight_decay",):
+            if getattr(optimizer, key, None) not in (None, 0, 0.0):
+                raise ValueError(
+                    f"LazyDP refuses {key}={getattr(optimizer, key)!r}: it rewrites every row at every step"
+                )
+        if getattr(optimizer, "use_ema", False):
+            raise ValueError("LazyDP refuses use_ema=True: the moving average reads every row at every step")
+        batch = getattr(optimizer, "expected_batch_size", None)
+        if batch is None:
+            raise ValueError(
+                "LazyDP needs DPOptimizer(expected_batch_size=B), got expected_batch_size=None: the noise "
+                "of skipped steps is applied later as (sigma*C/B)*N(0, sum eta_s^2), without the batch "
+                "of those steps, so B must be the fixed expected batch size (as Poisson-sampled DP-SGD "
+                "requires anyway), not the size of each batch"
+            )
+        self._tables.optimizer = weakref.ref(optimizer)
+
+    def bind_model(self, model) -> None:
+        """Registers read hooks on every ``DPEmbedding`` of a built ``model``.
+
+        Idempotent. Call it after the model is built and before training
+        (and before restoring a checkpoint, so the history tables exist).
+        Raises ``ValueError`` for a plain ``tf.keras.layers.Embedding`` unless
+        ``dense_fallback`` is set, for an unbuilt ``DPEmbedding``, and for a
+        model compiled with an optimizer other than this mechanism's SGD.
+        """
+        from tfdp_sparse.layers.embedding import DPEmbedding  # layers import clipping only
+
+        layers = binding.layers_of(model)
+        if not layers:
+            raise TypeError(f"bind_model needs a Keras model or layer, got {type(model).__name__}")
+        compiled = getattr(model, "optimizer", None)
+        if compiled is not None and getattr(compiled, "mechanism", None) is not self:
+            raise ValueError(
+                f"model is compiled with {type(compiled).__name__}, not a DPOptimizer using this LazyDP "
+                "mechanism: lazily noised tables need plain SGD through DPOptimizer(mechanism=<this LazyDP>) "
+                "(a stateful optimizer such as Adam, or momentum, keeps per-row state that deferred noise "
+                "cannot reproduce)"
+            )
+        found = False
+        for layer in layers:
+            if isinstance(layer, DPEmbedding):
+                found = True
+                self._bind_layer(layer)
+            elif isinstance(layer, tf.keras.layers.Embedding):
+                found = True
+                self._bind_keras_embedding(layer)
+        if not found:
+            raise ValueError(
+                f"bind_model found no DPEmbedding in {getattr(model, 'name', model)!r}: LazyDP defers the "
+                "noise of embedding tables read through tfdp_sparse.layers.DPEmbedding"
+            )
+        self._tables.bound = True
+
+    def _bind_layer(self, layer) -> None:
+        if not layer.built or getattr(layer, "embeddings", None) is None:
+            raise ValueError(
+                f"bind_model: DPEmbedding {layer.name!r} is not built; build the model first (construct it "
+                "from tf.keras.Input or call it on a batch) so its table exists"
+            )
+        table = layer.embeddings
+        if not is_trainable(table) or not layer.trainable:
+            return  # DP-SGD does not noise frozen variables either
+        if variable_key(table) in self._tables.index:
+            return
+        if table.dtype != tf.float32:
+            raise ValueError(f"LazyDP supports float32 tables, got {table.dtype.name} for {layer.name!r}")
+        with tf.init_scope(), tf.device(variable_device(table)):
+            history = tf.Variable(
+                tf.zeros([int(table.shape[0])], tf.int32), trainable=False, name=f"{layer.name}_lazydp_history"
+            )
+            flushed_at = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{layer.name}_lazydp_flushed_at")
+        self._tables.index[variable_key(table)] = len(self._histories)
+        self._tables.variables.append(table)
+        self._tables.names.append(layer.name)
+        self._histories.append(history)
+        self._flushed_at.append(flushed_at)
+        layer.add_read_hook(self._catch_up_hook, owner=self)
+        layer.add_inference_hook(self._inference_hook, owner=self)
+
+    def _bind_keras_embedding(self, layer) -> None:
+        if not self.dense_fallback:
+            raise ValueError(
+                f"layer {layer.name!r} is a tf.keras.layers.Embedding: LazyDP cannot catch up its rows before "
+                "they are read, so their deferred noise would be missing. Use "
+                "tfdp_sparse.layers.DPEmbedding, or set the LazyDP knob dense_fallback=True to give this "
+                "table dense DP-SGD noise at every step (exact, but it rewrites the whole table)"
+            )
+        if layer.built:
+            self._tables.dense_fallback[layer.embeddings.ref()] = layer.name
+
+
+    def _optimizer(self, required: Optional[str] = None):
+        ref = self._tables.optimizer
+        opt = ref() if ref is not None else None
+        if opt is None and required is not None:
+            raise ValueError(
+                f"LazyDP.{required} needs its optimizer: construct DPOptimizer(mechanism=<this LazyDP>, "
+                "expected_batch_size=B) first (it calls check_optimizer)"
+            )
+        return opt

@@ -1,0 +1,275 @@
+"""LazyDP's deferred noise: catch-up on read, flush, and the pending-noise checks (split from :mod:`.lazydp`).
+
+A row read at step ``t`` whose noise is applied up to ``last[r]`` receives
+``(sigma C / B) * N(0, sum_{s=last[r]+1}^{t-1} eta_s^2 I_d)`` first (Lim et
+al., ASPLOS'24, §5.2.1 lazy update and §5.2.2 aggregated sampling); a flush
+does so for every row, in blocks. All draws come from the mechanism's
+generator.
+
+Example::
+
+    mech.has_pending()   # True after steps that skipped rows
+    mech.flush()
+    mech.pending_rows()  # {"movie": 0, ...}
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+from tfdp_sparse.mechanisms.tables import variable_key
+
+try:  # private, stable across TF 2.x: tells SavedModel tracing apart from training
+    from tensorflow.python.saved_model import save_context as _save_context
+except ImportError:  # pragma: no cover
+    _save_context = None
+
+#: LazyDP builds its control flow with tf.cond / tf.while_loop explicitly;
+#: skipping autograph's conversion keeps tracing fast.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
+_FLUSH_BLOCK_VALUES = 1 << 24
+
+
+def _in_xla_context() -> bool:
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def _refuse_xla() -> None:
+    if _in_xla_context():
+        raise ValueError(
+            "LazyDP does not support jit_compile=True: catching rows up reads a data-dependent number of "
+            "rows and the rate history grows, which XLA cannot compile; use jit_compile=False (a "
+            "performance setting only)"
+        )
+
+
+def _in_save_context() -> bool:
+    return bool(_save_context is not None and _save_context.in_save_context())
+
+
+@functools.lru_cache(maxsize=None)
+def _export_error_type() -> type:
+    """A :class:`tfdp_sparse.export.PendingNoiseError` that keeps its type when raised while tracing.
+
+    Autograph re-raises errors from traced code as their own type only when
+    the constructor is ``Exception.__init__``; otherwise they surface as
+    ``StagingError``.
+    """
+    from tfdp_sparse.export import PendingNoiseError  # leaf module (imports TensorFlow only)
+
+    class ExportWithPendingNoiseError(PendingNoiseError):
+        __init__ = Exception.__init__
+
+    return ExportWithPendingNoiseError
+
+
+class LazyCatchUp:
+    """Mixin of :class:`~tfdp_sparse.mechanisms.lazydp.LazyDP`: deferred noise and its checks."""
+
+    def _scale(self, opt) -> float:
+        """sigma C / B: the std of one step's noise on a row, per unit learning rate."""
+        return self.noise_multiplier * self.l2_norm_clip / float(opt.expected_batch_size)
+
+    @staticmethod
+    def _learning_rate(opt) -> tf.Tensor:
+        """The rate ``apply_gradients`` uses this step (float64)."""
+        lr = getattr(opt, "_learning_rate", None)
+        if callable(lr) and not isinstance(lr, (tf.Variable, tf.Tensor)):  # a LearningRateSchedule
+            return tf.cast(lr(opt.iterations), tf.float64)
+        return tf.cast(opt.learning_rate, tf.float64)
+
+    def _record_learning_rate(self, opt, step: tf.Tensor) -> tf.Tensor:
+        """``lr_sq_cumsum[step] = lr_sq_cumsum[step - 1] + eta_step^2`` (grows by doubling)."""
+        cum = self.lr_sq_cumsum
+        lr = self._learning_rate(opt)
+        size = tf.shape(cum)[0]
+
+        def grow():
+            new_size = tf.maximum(2 * size, step + 1)
+            cum.assign(tf.concat([cum, tf.zeros([new_size - size], tf.float64)], axis=0))
+            return tf.constant(True)
+
+        grown = tf.cond(step >= size, grow, lambda: tf.constant(False))
+        with tf.control_dependencies([grown]):
+            total = tf.gather(cum, step - 1) + lr * lr
+            return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(step, [1])))
+
+    def _deferred_noise(self, last: tf.Tensor, k: tf.Tensor, shape, scale: float) -> tf.Tensor:
+        """Noise owed by rows whose noise is applied up to ``last`` when caught up to ``k``.
+
+        Sign-free: it is subtracted (the update is ``-eta/B * noise``).
+        """
+        cum = self.lr_sq_cumsum
+        if self.aggregate:
+            owed = tf.gather(cum, k) - tf.gather(cum, tf.minimum(last, k))
+            std = tf.cast(tf.sqrt(tf.maximum(owed, 0.0)), tf.float32) * scale
+            return self.rng.normal(shape, dtype=tf.float32) * std[:, tf.newaxis]
+        start = tf.reduce_min(tf.concat([last, tf.reshape(k, [1])], axis=0))
+
+        def body(s, acc):
+            eta = tf.cast(tf.sqrt(tf.maximum(tf.gather(cum, s) - tf.gather(cum, s - 1), 0.0)), tf.float32)
+            owes = tf.cast(last < s, tf.float32)[:, tf.newaxis]
+            return s + 1, acc + self.rng.normal(shape, dtype=tf.float32) * (eta * owes)
+
+        _, total = tf.while_loop(lambda s, _: s <= k, body, (start + 1, tf.zeros(shape, tf.float32)))
+        return total * scale
+
+    def _table_pending(self, i: int, opt) -> tf.Tensor:
+        """Exact: some row of table ``i`` is behind ``optimizer.iterations``."""
+        k = tf.cast(opt.iterations, tf.int32)
+        return tf.reduce_min(self._histories[i]) < k
+
+    def _refuse_export_if_pending(self, i: int) -> None:
+        opt = self._optimizer()
+        if opt is None or self.noise_multiplier == 0:
+            return
+        with tf.init_scope():
+            pending = bool(self._table_pending(i, opt).numpy())
+        if pending:
+            raise _export_error_type()(
+                f"refusing to trace table {self._tables.names[i]!r} for a SavedModel: LazyDP has pending noise "
+                "on its rows (exporting it would reveal which rows were never touched); call "
+                "mechanism.flush() first (or tfdp_sparse.keras.lazy.ensure_flushed)"
+            )
+
+    # -- read hooks ----------------------------------------------------------
+
+    @_no_autograph
+    def _catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
+        """Training read: rows about to be read receive all their pending noise."""
+        i = self._tables.index.get(variable_key(table))
+        if i is None or self.noise_multiplier == 0:
+            return None
+        if _in_save_context():
+            self._refuse_export_if_pending(i)
+            return None
+        opt = self._optimizer()
+        if opt is None:  # no step has run: nothing is pending
+            return None
+        _refuse_xla()
+        ids = tf.cast(unique_ids, tf.int64)
+        history = self._histories[i]
+        k = tf.cast(opt.iterations, tf.int32)
+        last = tf.gather(history, ids)
+        shape = tf.stack([tf.size(ids), int(table.shape[1])])
+        noise = self._deferred_noise(last, k, shape, self._scale(opt))
+        dense_shape = tf.constant(table.shape.as_list(), tf.int64)
+        table_op = table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
+        with tf.control_dependencies([table_op]):
+            history_op = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))
+        return tf.group(table_op, history_op)
+
+    @_no_autograph
+    def _inference_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
+        """Read outside training: flush the whole table first if it may owe noise."""
+        i = self._tables.index.get(variable_key(table))
+        if i is None or self.noise_multiplier == 0:
+            return None
+        if _in_save_context():
+            self._refuse_export_if_pending(i)
+            return None
+        opt = self._optimizer()
+        if opt is None:
+            return None
+        maybe_pending = self._flushed_at[i] < tf.cast(opt.iterations, tf.int64)
+
+        def flush():
+            with tf.control_dependencies([self._flush_table(i, opt)]):
+                return tf.constant(True)
+
+        return tf.cond(maybe_pending, flush, lambda: tf.constant(False))
+
+    # -- flush ---------------------------------------------------------------
+
+    @_no_autograph
+    def _flush_table(self, i: int, opt):
+        """Catches every row of table ``i`` up, in row blocks of ~16M values.
+
+        Blocks keep the extra memory to one block of noise (a whole-table
+        draw would add two table-sized temporaries: 5 GB at 1e7 x 64).
+        """
+        table, history = self._tables.variables[i], self._histories[i]
+        k = tf.cast(opt.iterations, tf.int32)
+        rows, width = int(table.shape[0]), int(table.shape[1])
+        block = max(1, _FLUSH_BLOCK_VALUES // width)
+        dense_shape = tf.constant(table.shape.as_list(), tf.int64)
+        ops = []
+        for start in range(0, rows, block):
+            stop = min(rows, start + block)
+            with tf.control_dependencies(ops[-1:]):
+                last = history[start:stop]
+                noise = self._deferred_noise(last, k, [stop - start, width], self._scale(opt))
+                ids = tf.range(start, stop, dtype=tf.int64)
+                ops.append(table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape)))
+        with tf.control_dependencies(ops[-1:]):
+            history_op = history.assign(tf.maximum(tf.convert_to_tensor(history), k))
+            flushed_op = self._flushed_at[i].assign(tf.cast(k, tf.int64))
+        return tf.group(*ops, history_op, flushed_op)
+
+    @_no_autograph
+    def flush(self) -> None:
+        """Applies all pending noise to every row of every bound table (one dense pass each).
+
+        Afterwards every row is caught up to ``optimizer.iterations``. Works
+        eagerly and inside ``tf.function``. Draws from ``rng``: a run that
+        flushes at other steps has the same distribution, not the same values.
+        """
+        opt = self._optimizer()
+        if opt is None or self.noise_multiplier == 0:
+            return None
+        self._check_consistent(opt)
+        for i in range(len(self._histories)):
+            self._flush_table(i, opt)
+        return None
+
+    def has_pending(self) -> bool:
+        """True when some row of a bound table still owes noise (exact; reads the histories)."""
+        opt = self._optimizer()
+        if opt is None or self.noise_multiplier == 0:
+            return False
+        self._check_consistent(opt)
+        return any(bool(self._table_pending(i, opt).numpy()) for i in range(len(self._histories)))
+
+    def pending_rows(self) -> dict:
+        """``{table name: number of rows that owe noise}`` (for messages and tests)."""
+        opt = self._optimizer()
+        out = {}
+        for name, history in zip(self._tables.names, self._histories):
+            if opt is None or self.noise_multiplier == 0:
+                out[name] = 0
+            else:
+                k = tf.cast(opt.iterations, tf.int32)
+                out[name] = int(tf.reduce_sum(tf.cast(history < k, tf.int64)).numpy())
+        return out
+
+    @_no_autograph
+    def reset_state(self) -> None:
+        """Marks every row caught up at step 0 and clears the rate sum (graph-safe).
+
+        For repeated experiments that also reset the weights and
+        ``optimizer.iterations`` to 0 (tests, benchmarks); ``rng`` keeps
+        running, so repeats draw independent noise.
+        """
+        self.lr_sq_cumsum.assign(tf.zeros_like(self.lr_sq_cumsum))
+        for history, flushed_at in zip(self._histories, self._flushed_at):
+            history.assign(tf.zeros_like(history))
+            flushed_at.assign(tf.zeros_like(flushed_at))
+
+    def _check_consistent(self, opt) -> None:
+        if not tf.executing_eagerly():
+            return
+        k = int(opt.iterations.numpy())
+        for name, history in zip(self._tables.names, self._histories):
+            ahead = int(tf.reduce_max(history).numpy()) if int(history.shape[0]) else 0
+            if ahead > k:
+                raise ValueError(
+                    f"LazyDP history of table {name!r} says step {ahead} but optimizer.iterations={k}: "
+                    "restore the mechanism, the optimizer and the model from the same checkpoint"
+                )

@@ -1,0 +1,40 @@
+"""Plan of dense DP-SGD (Abadi et al. 2016): one Poisson-sampled Gaussian per step.
+
+Example::
+
+    plan = DPSGDPlan(noise_multiplier=1.1, l2_norm_clip=1.0)
+    plan.step_event(0.01)          # PoissonSampled(0.01, Gaussian(1.1))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import dp_accounting
+
+from tfdp_sparse.mechanisms.plans.base import NoisePlan, gaussian_step_event
+
+#: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
+KNOBS: frozenset = frozenset()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPSGDPlan(NoisePlan):
+    """Gaussian noise of std ``sigma * C`` on every coordinate of every variable."""
+
+    name = "dpsgd"
+    l2_norm_clip: float
+
+    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
+        return gaussian_step_event(self.noise_multiplier, sampling_probability)
+
+    def make_rule(self, seed: Optional[int] = None):
+        from tfdp_sparse.mechanisms.dpsgd import DPSGD
+
+        return DPSGD(self.noise_multiplier, self.l2_norm_clip, seed=seed)
+
+
+def plan_from_config(config) -> DPSGDPlan:
+    """Registry constructor (see :mod:`tfdp_sparse.mechanisms`)."""
+    return DPSGDPlan(noise_multiplier=config.noise_multiplier, l2_norm_clip=config.l2_norm_clip)

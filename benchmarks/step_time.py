@@ -73,6 +73,8 @@ from tfdp_sparse.data import criteo_schema
 from tfdp_sparse.data import synthetic
 from tfdp_sparse.data.zipf import draw_scatter
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
+from tfdp_sparse.layers.tpu import EmbeddingBackend, split_functional_model
+from tfdp_sparse.layers.tpu.train_step import make_train_step
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.selection import frequency
 
@@ -105,7 +107,7 @@ def define_flags() -> None:
     """Registers the benchmark's absl flags (idempotent)."""
     if "algorithms" in FLAGS:
         return
-    flags.DEFINE_list("algorithms", ["sgd", "dpsgd"], "Algorithms to time (names in tfdp_sparse.mechanisms.available()).")
+    flags.DEFINE_list("algorithms", [mechanisms.NONPRIVATE, mechanisms.DENSE_REFERENCE], "Algorithms to time (names in tfdp_sparse.mechanisms.available()).")
     flags.DEFINE_list("vocab", ["1e5", "1e6", "1e7"], "Table sizes of the micro model (ignored by --model=pctr).")
     flags.DEFINE_integer("dim", 64, "Embedding width of the micro model.")
     flags.DEFINE_integer("batch", None, "Batch size (default: 1024 for micro, 2048 for pctr).")
@@ -123,6 +125,9 @@ def define_flags() -> None:
     flags.DEFINE_list("extra", [], "Mechanism knobs name=value passed via PrivacyConfig(extra=...).")
     flags.DEFINE_integer("seed", 0, "Seed of the data, the model and the noise.")
     flags.DEFINE_string("output", None, "Also append the JSON lines to this file.")
+    flags.DEFINE_enum("embedding_backend", EmbeddingBackend.KERAS.value, [b.value for b in EmbeddingBackend],
+                      "tpu_emulator: also time every configuration on the TPU program's CPU emulator and print "
+                      "its overhead over the Keras path (ratio tpu_emulator/keras, same run); tpu needs a TPU.")
 
 
 # ----------------------------------------------------------------------------
@@ -321,12 +326,38 @@ def time_steps(
     return times, values, first_ms
 
 
-def run_config(algorithm: str, vocab_or_scale, settings: dict) -> dict:
+def update_slots(layer: DPEmbedding, algorithm: str, batch: int, false_positive_rate: float) -> int:
+    """K of one table: V for dense DP-SGD, else ``min(V, 2 B + m + 6 sqrt(m))`` with ``m = p V``.
+
+    ``2 B``: the batch's rows plus LazyDP's look-ahead rows; ``m``: DP-AdaFEST's
+    expected false positives (rate ``p``, 0 for other mechanisms), with a 6-sd
+    margin. A step that needs more fails with the overflow error (the line's ``error``).
+    """
+    if algorithm == mechanisms.DENSE_REFERENCE:
+        return layer.vocab_size
+    expected = false_positive_rate * layer.vocab_size
+    return int(min(layer.vocab_size, 2 * batch + np.ceil(expected + 6 * np.sqrt(expected))))
+
+
+def tpu_step(model, loss_fn, optimizer, backend: EmbeddingBackend, model_name: str, batch: int, algorithm: str):
+    """The TPU program for the benchmark's models with :func:`update_slots` per table."""
+    id_inputs = ("ids",) if model_name == "micro" else ("cat",)
+    rate = float(optimizer.mechanism.describe().get("false_positive_rate", 0.0))
+    slots = {l.name: update_slots(l, algorithm, batch, rate) for l in embedding_layers(model)}
+    step = make_train_step(model, lambda m: split_functional_model(m, id_inputs), loss_fn, optimizer, backend,
+                           batch, update_slots=slots)
+    wrap = (lambda x: {"ids": x}) if model_name == "micro" else (lambda x: x)
+    return step, wrap
+
+
+def run_config(algorithm: str, vocab_or_scale, settings: dict,
+               backend: EmbeddingBackend = EmbeddingBackend.KERAS) -> dict:
     """Builds, warms up and times one configuration; returns its JSON record."""
     model_name = settings["model"]
     batch = settings["batch"]
     seed = settings["seed"]
-    record: dict = {"algorithm": algorithm, "model": model_name, "batch": batch}
+    record: dict = {"algorithm": algorithm, "model": model_name, "batch": batch,
+                    "embedding_backend": backend.value}
     if model_name == "micro":
         record.update(vocab=int(vocab_or_scale), dim=settings["dim"])
     else:
@@ -361,15 +392,23 @@ def run_config(algorithm: str, vocab_or_scale, settings: dict) -> dict:
         if callable(select) and "selection_epsilon" in knobs:
             select(counts())
     optimizer = DPOptimizer(mechanism, learning_rate=settings["learning_rate"], expected_batch_size=batch)
-    private_step = PrivateStep(model, loss_fn, optimizer)
+    if backend is EmbeddingBackend.KERAS:
+        private_step = PrivateStep(model, loss_fn, optimizer)
+    else:
+        emulated, wrap = tpu_step(model, loss_fn, optimizer, backend, model_name, batch, algorithm)
+        emulated.prime(wrap(batches[0][0]))
     record["build_s"] = round(time.perf_counter() - t_build, 3)
     record["table_values"] = table_values(model)
 
     counter = iter(range(1 << 62))
 
     def one_step():
-        features, labels = batches[next(counter) % len(batches)]
-        return private_step(features, labels)
+        i = next(counter)
+        features, labels = batches[i % len(batches)]
+        if backend is EmbeddingBackend.KERAS:
+            return private_step(features, labels)
+        following = wrap(batches[(i + 1) % len(batches)][0]) if emulated.lookahead else None
+        return emulated(wrap(features), labels, following)
 
     times, values, first_ms = time_steps(
         one_step, settings["warmup"], settings["steps"], settings["min_steps"], settings["max_seconds"]
@@ -397,7 +436,7 @@ def run_config(algorithm: str, vocab_or_scale, settings: dict) -> dict:
                 if isinstance(v, (tf.Tensor, tf.Variable)):
                     v.numpy()
         record["flush_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
-    del private_step, optimizer, mechanism, model, batches
+    del optimizer, mechanism, model, batches
     return record
 
 
@@ -434,18 +473,19 @@ def ratio_lines(records: Iterable[dict]) -> list[dict]:
     algorithms = list(dict.fromkeys(r["algorithm"] for r in ok))
     vocabs = list(dict.fromkeys(r["vocab"] for r in ok))
     out = []
+    floor, dense = mechanisms.NONPRIVATE, mechanisms.DENSE_REFERENCE  # the registry's references
     for algo in algorithms:
-        if algo == "sgd":
+        if algo == floor:
             continue
         for v in vocabs:
-            if (algo, v) in by and ("sgd", v) in by and by[("sgd", v)] > 0:
-                out.append({"ratio": "step_ms/sgd", "algorithm": algo, "vocab": v, "value": round(by[(algo, v)] / by[("sgd", v)], 3)})
+            if (algo, v) in by and (floor, v) in by and by[(floor, v)] > 0:
+                out.append({"ratio": f"step_ms/{floor}", "algorithm": algo, "vocab": v, "value": round(by[(algo, v)] / by[(floor, v)], 3)})
     for algo in algorithms:
-        if algo == "dpsgd":
+        if algo == dense:
             continue
         for v in vocabs:
-            if (algo, v) in by and ("dpsgd", v) in by and by[(algo, v)] > 0:
-                out.append({"ratio": "dpsgd/algorithm", "algorithm": algo, "vocab": v, "value": round(by[("dpsgd", v)] / by[(algo, v)], 3)})
+            if (algo, v) in by and (dense, v) in by and by[(algo, v)] > 0:
+                out.append({"ratio": f"{dense}/algorithm", "algorithm": algo, "vocab": v, "value": round(by[(dense, v)] / by[(algo, v)], 3)})
     for algo in algorithms:
         mine = sorted(v for v in vocabs if (algo, v) in by)
         if len(mine) >= 2 and by[(algo, mine[0])] > 0:
@@ -456,6 +496,20 @@ def ratio_lines(records: Iterable[dict]) -> list[dict]:
                 "vocab_min": mine[0],
                 "value": round(by[(algo, mine[-1])] / by[(algo, mine[0])], 3),
             })
+    return out
+
+
+def backend_ratio_lines(records: Iterable[dict]) -> list[dict]:
+    """``{"ratio": "tpu_emulator/keras", ...}``: the TPU program's step time over the Keras path's, same config."""
+    ok = [r for r in records if "step_ms" in r]
+    keras = {(r["algorithm"], r["vocab"]): r["step_ms"] for r in ok if r.get("embedding_backend") == "keras"}
+    out = []
+    for r in ok:
+        backend = r.get("embedding_backend")
+        key = (r["algorithm"], r["vocab"])
+        if backend not in (None, "keras") and keras.get(key, 0) > 0:
+            out.append({"ratio": f"{backend}/keras", "algorithm": key[0], "vocab": key[1],
+                        "value": round(r["step_ms"] / keras[key], 3)})
     return out
 
 
@@ -480,9 +534,11 @@ def run(settings: dict, out: TextIO = sys.stdout, progress: TextIO = sys.stderr)
     records: list[dict] = []
     try:
         sizes = settings["vocabs"] if settings["model"] == "micro" else settings["vocab_scales"]
-        configs = [(a, v) for v in sizes for a in settings["algorithms"]]
-        for n, (algo, size) in enumerate(configs, 1):
-            label = f"[{n}/{len(configs)}] {settings['model']} {algo} " + (
+        chosen = settings.get("embedding_backend", EmbeddingBackend.KERAS)
+        backends = [EmbeddingBackend.KERAS] + ([chosen] if chosen is not EmbeddingBackend.KERAS else [])
+        configs = [(a, v, b) for v in sizes for a in settings["algorithms"] for b in backends]
+        for n, (algo, size, backend) in enumerate(configs, 1):
+            label = f"[{n}/{len(configs)}] {settings['model']} {algo} {backend.value} " + (
                 f"vocab={size}" if settings["model"] == "micro" else f"vocab_scale={size}"
             )
             progress.write(f"{label} ...\n")
@@ -491,9 +547,10 @@ def run(settings: dict, out: TextIO = sys.stdout, progress: TextIO = sys.stderr)
             try:
                 if algo not in available:
                     raise ValueError(f"unknown algorithm {algo!r}; available: {list(available)}")
-                record = run_config(algo, size, settings)
+                record = run_config(algo, size, settings, backend)
             except Exception as exc:  # noqa: BLE001 - one bad config must not end the run
-                record = {"algorithm": algo, "model": settings["model"], "batch": settings["batch"]}
+                record = {"algorithm": algo, "model": settings["model"], "batch": settings["batch"],
+                          "embedding_backend": backend.value}
                 if settings["model"] == "micro":
                     record.update(vocab=int(size), dim=settings["dim"])
                 else:
@@ -506,7 +563,8 @@ def run(settings: dict, out: TextIO = sys.stdout, progress: TextIO = sys.stderr)
             status = record.get("error") or f"step_ms={record['step_ms']} ({record['steps']} steps)"
             progress.write(f"{label} done in {time.perf_counter() - t0:.1f}s: {status}\n")
             progress.flush()
-        for ratio in ratio_lines(records):
+        keras = [r for r in records if r.get("embedding_backend", EmbeddingBackend.KERAS.value) == "keras"]
+        for ratio in ratio_lines(keras) + backend_ratio_lines(records):
             ratio["model"] = settings["model"]
             records.append(ratio)
             _emit(ratio, sinks)
@@ -549,12 +607,14 @@ def settings_from_flags() -> dict:
         "extra": parse_extra(FLAGS.extra),
         "seed": FLAGS.seed,
         "output": FLAGS.output,
+        "embedding_backend": EmbeddingBackend.from_flag(FLAGS.embedding_backend),
     }
 
 
 _OWN_FLAGS = (
     "algorithms", "vocab", "dim", "batch", "model", "vocab_scale", "warmup", "steps", "min_steps",
     "max_seconds_per_config", "noise_multiplier", "l2_norm_clip", "learning_rate", "extra", "seed", "output",
+    "embedding_backend",
 )
 
 

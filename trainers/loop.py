@@ -61,6 +61,9 @@ from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
+from tfdp_sparse.mechanisms.plans.base import Plan
+from tfdp_sparse.mechanisms.tables import table_infos
 from tfdp_sparse.data import sampling
 from tfdp_sparse.data.sampling import BatchSampler
 from tfdp_sparse.noise_source import NoiseSource
@@ -106,6 +109,9 @@ class LoopConfig:
     calibrate_noise: bool = True
     noise_seed: Optional[int] = None
     tensorboard_dir: Optional[str] = None
+    #: where the tables live (a speed setting): Keras variables, or the TPU program on the
+    #: emulator / a TPU (:mod:`tfdp_sparse.layers.tpu`; needs ``train_privately(tpu_split=...)``).
+    embedding_backend: EmbeddingBackend = EmbeddingBackend.KERAS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,13 +199,13 @@ def make_dense_optimizer(name: str, learning_rate: Optional[float]) -> Optional[
     return tf.keras.optimizers.Adagrad(learning_rate)
 
 
-def _step_event(mechanism: Mechanism, q: float):
+def _step_event(plan: Plan, q: float):
     """``(event, None)`` for a DP step, ``(None, reason)`` when the step has no guarantee."""
-    event = mechanism.step_event(q)
+    event = plan.step_event(q)
     if event is None or isinstance(event, dp_accounting.NonPrivateDpEvent):
-        reason = mechanism.not_private_reason()
+        reason = plan.not_private_reason()
         if reason is None:
-            sigma = mechanism.describe().get("noise_multiplier")
+            sigma = plan.describe().get("noise_multiplier")
             reason = (
                 f"noise_multiplier={sigma} adds no noise" if sigma == 0
                 else "the mechanism gives no (epsilon, delta) guarantee"
@@ -208,17 +214,17 @@ def _step_event(mechanism: Mechanism, q: float):
     return event, None
 
 
-def check_accountant(mechanism: Mechanism, accountant: str) -> None:
-    """Refuses a run whose mechanism's one-off event needs another accountant.
+def check_accountant(plan: Plan, accountant: str) -> None:
+    """Refuses a run whose plan's one-off event needs another accountant.
 
     DP-FEST / DP-AdaFEST+ with private selection (``selection_epsilon``)
     charge the selection as ρ-zCDP, which only the RDP accountant may compose
-    (``mechanism.required_accountant == "rdp"``).
+    (``plan.requires().accountant == "rdp"``).
     """
-    required = mechanism.required_accountant
+    required = plan.requires().accountant
     if required is not None and required != accountant:
         raise ValueError(
-            f"accountant={accountant!r} cannot account {mechanism.name}'s one-off selection event, which is "
+            f"accountant={accountant!r} cannot account {plan.name}'s one-off selection event, which is "
             f"only valid in the {required!r} accountant (private selection is rho-zCDP). "
             f"Use --accountant={required} (or a public frequency_file instead of selection_epsilon)"
         )
@@ -226,7 +232,6 @@ def check_accountant(mechanism: Mechanism, accountant: str) -> None:
 
 def calibrate(
     privacy: PrivacyConfig,
-    build: Callable[[PrivacyConfig], Mechanism],
     q: float,
     steps: int,
     delta: float,
@@ -234,62 +239,36 @@ def calibrate(
 ) -> PrivacyConfig:
     """``privacy`` with the smallest ``noise_multiplier`` whose run meets ``target_epsilon``.
 
-    Works for any mechanism whose step event depends on ``noise_multiplier``:
-    it bisects on σ over the full ledger (``setup_event`` + ``steps`` step
-    events). ``setup_event`` (a one-off cost such as a private selection)
-    must not depend on σ.
+    Works on plans only (:func:`tfdp_sparse.mechanisms.plan` per candidate σ;
+    no ``tf.Module`` is built) for any algorithm whose step event depends on
+    ``noise_multiplier``, with the one calibrator
+    :func:`tfdp_sparse.accounting.calibrate_sigma` over the whole run
+    (``setup_event`` + ``steps`` step events). ``setup_event`` (a one-off cost
+    such as a private selection) must not depend on σ.
     """
-    target = privacy.target_epsilon
+    _, reason = _step_event(mechanisms.plan(privacy), q)
+    if reason is not None:
+        raise ValueError(f"--target_epsilon cannot be met by {privacy.algorithm}: {reason}")
 
-    def eps(sigma: float, accountant: str) -> float:
-        mech = build(dataclasses.replace(privacy, noise_multiplier=sigma))
-        event, reason = _step_event(mech, q)
-        if event is None:
-            raise ValueError(f"--target_epsilon cannot be met by {privacy.algorithm}: {reason}")
-        ledger = accounting.PrivacyLedger()
-        if setup_event is not None:
-            ledger.record(setup_event)
-        ledger.record_step(event, steps)
-        return ledger.epsilon(delta, accountant)
+    # The run's event exactly as the ledger will compose it: one entry per one-off event, then the steps.
+    if setup_event is None:
+        one_off = []
+    elif isinstance(setup_event, dp_accounting.ComposedDpEvent):
+        one_off = list(setup_event.events)
+    else:
+        one_off = [setup_event]
 
-    def bisect(accountant: str, lo: float, hi: float, rel_tol: float) -> float:
-        # Invariant: eps(hi) <= target < eps(lo) (lo may be 0).
-        while hi - lo > rel_tol * hi:
-            mid = (lo + hi) / 2
-            if eps(mid, accountant) > target:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+    def run_event(sigma: float) -> dp_accounting.DpEvent:
+        event = mechanisms.plan(dataclasses.replace(privacy, noise_multiplier=sigma)).step_event(q)
+        entries = [dp_accounting.SelfComposedDpEvent(e, 1) for e in one_off]
+        return dp_accounting.ComposedDpEvent(entries + [dp_accounting.SelfComposedDpEvent(event, steps)])
 
-    # Bracket and solve with the fast RDP accountant first. RDP's epsilon is an
-    # upper bound of PLD's, so sigma_rdp meets the target under PLD as well and
-    # the PLD search only has to look below it.
-    lo, hi = 0.0, 1.0
-    while eps(hi, "rdp") > target:
-        lo, hi = hi, hi * 2
-        if hi > 1e4:
-            raise ValueError(f"target_epsilon={target} is unreachable with {steps} steps at q={q:.3g}")
-    hi = bisect("rdp", lo, hi, 1e-3)
-    if privacy.accountant == "pld":
-        hi = bisect("pld", hi / 2, hi, 5e-3)
-    return dataclasses.replace(privacy, noise_multiplier=hi)
-
-
-def _probe_setup_event(build, privacy: PrivacyConfig, model) -> Optional[dp_accounting.DpEvent]:
-    """The one-off event of ``privacy``'s mechanism, from a throw-away instance.
-
-    A selection's size may only be known from the model's tables (e.g.
-    DP-FEST with one ``k`` for every feature): then the probe is bound to
-    the model. (Mechanisms that hook the model, like LazyDP, have no setup
-    event and are never bound here.)
-    """
-    probe = build(privacy)
     try:
-        return probe.setup_event()
-    except ValueError:
-        probe.bind_model(model)
-        return probe.setup_event()
+        sigma = accounting.calibrate_sigma(run_event, privacy.target_epsilon, delta, privacy.accountant)
+    except ValueError as err:
+        raise ValueError(f"target_epsilon={privacy.target_epsilon} is unreachable with {steps} steps at "
+                         f"q={q:.3g}: {err}") from None
+    return dataclasses.replace(privacy, noise_multiplier=sigma)
 
 
 def accounting_delta(delta: float, pre_training: Sequence[PreTrainingRelease]) -> float:
@@ -304,14 +283,16 @@ def accounting_delta(delta: float, pre_training: Sequence[PreTrainingRelease]) -
     return delta - extra
 
 
-def charged_before_steps(build: Callable[[PrivacyConfig], Mechanism], privacy: PrivacyConfig, model,
+def charged_before_steps(privacy: PrivacyConfig, model,
                          pre_training: Sequence[PreTrainingRelease]) -> Optional[dp_accounting.DpEvent]:
     """One event for everything charged before the first step (``None`` if nothing), for σ calibration.
 
-    The releases' events, then the mechanism's one-off event (e.g. a private
-    selection), which must not depend on σ.
+    The releases' events, then the plan's one-off event for the model's
+    tables (e.g. a private selection, whose size may depend on the tables),
+    which must not depend on σ. No mechanism is built.
     """
-    events = [r.event for r in pre_training] + [_probe_setup_event(build, privacy, model)]
+    setup = mechanisms.plan(privacy).setup_event(table_infos(model))
+    events = [r.event for r in pre_training] + [setup]
     events = [e for e in events if e is not None]
     if not events:
         return None
@@ -358,6 +339,20 @@ def _batches(sampler: BatchSampler, gather: Callable, start: int, stop: int) -> 
     return [x_spec, y_spec], steps()
 
 
+def _make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_split: Optional[Callable]):
+    """``PrivateStep`` for the Keras backend, else the TPU program (:mod:`tfdp_sparse.layers.tpu`)."""
+    if loop.embedding_backend is EmbeddingBackend.KERAS:
+        return PrivateStep(model, loss_fn, optimizer, jit_compile=loop.jit_compile)
+    if tpu_split is None:
+        raise ValueError(f"embedding_backend={loop.embedding_backend.value} needs the trainer's tpu_split "
+                         "(how to cut the model at its lookups); this trainer gives none")
+    if loop.jit_compile:
+        raise ValueError("jit_compile is not supported with the TPU embedding program on CPU")
+    from tfdp_sparse.layers.tpu.train_step import make_train_step
+
+    return make_train_step(model, tpu_split, loss_fn, optimizer, loop.embedding_backend, loop.batch_size)
+
+
 def _flush_board(board: Optional[tensorboard.TrainingLog], step: int, epsilon: Optional[float]) -> None:
     """Writes the buffered TensorBoard points (with ε spent after ``step`` steps, if computed)."""
     if board is None:
@@ -374,11 +369,11 @@ def train_privately(
     privacy: PrivacyConfig,
     loop: LoopConfig,
     features: Callable[[Mapping[str, np.ndarray], np.ndarray], tuple] = None,
-    mechanism_factory: Callable[[PrivacyConfig], Mechanism] = None,
     selection_counts: Optional[Callable[[], Sequence[np.ndarray]]] = None,
     pre_training: Sequence[PreTrainingRelease] = (),
     sensitivity_caveat: Optional[str] = None,
     optimizer: Optional[DPOptimizer] = None,
+    tpu_split: Optional[Callable] = None,
 ) -> TrainResult:
     """Trains ``model`` on ``arrays`` with the mechanism named in ``privacy``.
 
@@ -392,8 +387,6 @@ def train_privately(
         :func:`tfdp_sparse.accounting.default_delta`, ``min(1/(10N), N^-1.1)``).
       loop: run settings.
       features: optional ``(arrays, indices) -> (features, labels)``.
-      mechanism_factory: builds the mechanism from a config (default
-        :func:`tfdp_sparse.mechanisms.build` with ``loop.noise_seed``).
       selection_counts: ``() -> counts per table`` of the training data
         (one dense array per embedding table, each example adding 1 to one
         bucket per feature); needed by mechanisms with a private selection
@@ -410,6 +403,8 @@ def train_privately(
         noise generator and selection carry over, the ledger starts afresh
         (streaming periods, :mod:`trainers.periods`). Its step event must be
         the one ``privacy`` describes; not with ``loop.model_dir``.
+      tpu_split: ``model -> ModelSplit`` (:mod:`tfdp_sparse.layers.tpu.model_split`),
+        required when ``loop.embedding_backend`` is not ``KERAS``.
 
     Raises:
       ValueError: bad settings, a ``model_dir`` holding a run with other
@@ -428,7 +423,6 @@ def train_privately(
         log.warning("NOT PRIVATE: %s (LoopConfig.noise_seed / --noise_seed is for tests and debugging)",
                     noise.not_private_reason)
     q = loop.batch_size / n
-    build = mechanism_factory or (lambda cfg: mechanisms.build(cfg, seed=loop.noise_seed))
     if features is None:
         keys = [k for k in arrays if k not in ("label", "prob")]
 
@@ -454,20 +448,21 @@ def train_privately(
             )
         privacy = dataclasses.replace(privacy, noise_multiplier=record["noise_multiplier"])
 
-    probe = build(privacy)
-    event, not_private = _step_event(probe, q)
-    if budgeted and (not_private is not None or probe.l2_norm_clip is None or sensitivity_caveat):
+    plan = mechanisms.plan(privacy)
+    event, not_private = _step_event(plan, q)
+    if budgeted and (not_private is not None or not plan.requires().clips or sensitivity_caveat):
         raise ValueError(f"target_epsilon={privacy.target_epsilon} is meaningless for {privacy.algorithm}: "
                          f"{not_private or sensitivity_caveat or 'non-private training'}")
-    check_accountant(probe, privacy.accountant)
+    check_accountant(plan, privacy.accountant)
     if calibrating and not latest:
-        setup = charged_before_steps(build, privacy, model, pre_training)
-        privacy = calibrate(privacy, build, q, loop.steps, delta, setup)
+        setup = charged_before_steps(privacy, model, pre_training)
+        privacy = calibrate(privacy, q, loop.steps, delta, setup)
+        plan = mechanisms.plan(privacy)
         log.info("calibrated noise_multiplier=%.4f for epsilon=%s at delta=%.3g over %d steps",
                  privacy.noise_multiplier, privacy.target_epsilon, delta, loop.steps)
 
     if optimizer is None:
-        mechanism = build(privacy)
+        mechanism = plan.make_rule(loop.noise_seed)
         mechanism.bind_model(model)
         optimizer = DPOptimizer(
             mechanism,
@@ -477,11 +472,11 @@ def train_privately(
         )
     else:
         mechanism = optimizer.mechanism
-        if loop.model_dir or mechanism.step_event(q) != build(privacy).step_event(q):
+        if loop.model_dir or mechanism.step_event(q) != plan.step_event(q):
             raise ValueError(f"optimizer: a continued optimizer needs model_dir=None (got {loop.model_dir!r}) and "
                              f"the step event of privacy={privacy} (its mechanism: {mechanism.describe()})")
-    event, not_private = _step_event(mechanism, q)
-    step_fn = PrivateStep(model, loss_fn, optimizer, jit_compile=loop.jit_compile)
+    event, not_private = _step_event(mechanism.plan, q)
+    step_fn = _make_step(model, loss_fn, optimizer, loop, tpu_split)
 
     record = {"format": _RUN_FORMAT, "settings": identity, "noise_multiplier": privacy.noise_multiplier}
     ledger_var = tf.Variable("", dtype=tf.string, trainable=False)
@@ -563,7 +558,12 @@ def train_privately(
     sampler = BatchSampler(privacy.sampling, n, loop.batch_size, noise)
     board = tensorboard.open_training_log(loop.tensorboard_dir, clipped=mechanism.l2_norm_clip is not None)
     signature, batches = _batches(sampler, lambda idx: features(arrays, idx), start, planned)
-    compiled = tf.function(step_fn.__call__, input_signature=signature, autograph=False)
+    if loop.embedding_backend is EmbeddingBackend.KERAS:
+        compiled = tf.function(step_fn.__call__, input_signature=signature, autograph=False)
+    else:
+        from tfdp_sparse.layers.tpu.train_step import loop_driver
+
+        compiled, batches = loop_driver(step_fn, signature, batches)
     step_times, values = [], []
     examples, steady_examples, steady_time = 0, 0, 0.0
     t_start = time.perf_counter()
@@ -626,7 +626,7 @@ def train_privately(
         epsilon=epsilon,
         epsilon_note=note,
         delta=total_delta,
-        noise_multiplier=privacy.noise_multiplier if privacy.algorithm != "sgd" else 0.0,
+        noise_multiplier=privacy.noise_multiplier if plan.requires().clips else 0.0,
         examples_per_sec=rate,
         step_ms=1000 * float(np.median(timed)) if timed else 0.0,
         mean_embedding_values=float(np.mean(values)) if values else 0.0,

@@ -63,8 +63,11 @@ from absl import app, flags
 import numpy as np
 
 from models import dual_encoder
+from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import movielens
+from tfdp_sparse.mechanisms.plans.base import Plan
+from tfdp_sparse.layers.tpu import EmbeddingBackend
 from trainers import loop as loop_lib
 from trainers import common_flags
 from trainers import summary
@@ -114,6 +117,10 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_integer("checkpoint_every", 1000, "steps between checkpoints", **fv)
     flags.DEFINE_string("metrics_out", None, "write the final JSON line here", **fv)
     flags.DEFINE_integer("log_every", 100, "steps between progress lines", **fv)
+    flags.DEFINE_enum("embedding_backend", EmbeddingBackend.KERAS.value, [b.value for b in EmbeddingBackend],
+                      "where the tables live: keras variables, the TPU program on its exact CPU emulator "
+                      "(tpu_emulator; bag-of-words tower, no shared table, not with lazydp), or a TPU (tpu: only "
+                      "under a TPUStrategy)", **fv)
     common_flags.define_tensorboard_flag(flag_values)
 
 
@@ -213,21 +220,29 @@ PRIVACY_UNIT_NOTE = (
 )
 
 
-def default_negatives(algorithm: str) -> str:
-    """``"sampled"`` for LazyDP (which refuses ``"full"``), ``"full"`` otherwise; both bound the sensitivity by C."""
-    return "sampled" if algorithm == "lazydp" else "full"
+def default_negatives(plan: Plan) -> str:
+    """The plan's default negatives (``"sampled"`` for LazyDP, which refuses ``"full"``), else ``"full"``.
+
+    Both bound the sensitivity by C.
+    """
+    return plan.requires().default_negatives or "full"
 
 
 def check_compatible(privacy: PrivacyConfig, model: dual_encoder.DualEncoderConfig) -> None:
-    """Refuses algorithm/model pairs that would break an algorithm's guarantee or defeat its purpose."""
-    if privacy.algorithm == "lazydp" and model.negatives == "full":
+    """Refuses algorithm/model pairs that would break an algorithm's guarantee or defeat its purpose.
+
+    Read from the algorithm's plan (:meth:`~tfdp_sparse.mechanisms.plans.base.Plan.requires`),
+    never from its name.
+    """
+    requires = mechanisms.plan(privacy).requires()
+    if requires.refuses_full_table_reads and model.negatives == "full":
         raise ValueError(
-            "algorithm='lazydp' with negatives='full' is refused: the full-catalogue softmax reads every label row "
-            "each step, so LazyDP would catch every row's deferred noise up at every step (dense DP-SGD's cost, "
-            "none of LazyDP's saving). Use negatives='sampled' (public negatives, sensitivity C) or "
-            "algorithm='dpsgd'"
+            f"algorithm={privacy.algorithm!r} with negatives='full' is refused: the full-catalogue softmax reads "
+            "every label row each step, and this algorithm refuses whole-table reads (LazyDP would catch every "
+            "row's deferred noise up at every step: dense DP-SGD's cost, none of its saving). Use "
+            f"negatives='sampled' (public negatives, sensitivity C) or algorithm={mechanisms.DENSE_REFERENCE!r}"
         )
-    if privacy.algorithm in ("dpfest", "adafest_plus") and privacy.knob("selection_epsilon") is not None:
+    if requires.private_selection:
         raise ValueError(
             f"selection_epsilon={privacy.knob('selection_epsilon')} (private Gumbel top-k) is refused for the dual "
             "encoder: its analysis needs each example to add at most 1 to one bucket per feature, but a context "
@@ -253,7 +268,8 @@ def train_model(run: DualEncoderRun, train, num_rows: int):
         raise ValueError(f"training ids exceed the {num_rows - 1} movies of the vocabulary")
     model = dual_encoder.build_dual_encoder(config, seed=run.loop.seed)
     result = loop_lib.train_privately(model, model.per_example_loss, train, run.privacy, run.loop,
-                                      features=example_features, sensitivity_caveat=sensitivity_caveat(config))
+                                      features=example_features, sensitivity_caveat=sensitivity_caveat(config),
+                                      tpu_split=dual_encoder.DualEncoderSplit)
     return model, result
 
 
@@ -315,6 +331,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
         noise_seed=fv.noise_seed, model_dir=fv.model_dir, checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
         dense_optimizer=fv.dense_optimizer, dense_learning_rate=fv.dense_learning_rate,
         calibrate_noise=fv.noise_multiplier is None, tensorboard_dir=fv.tensorboard_dir,
+        embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend),
     )
     data = DataConfig(
         source=fv.data, movies=fv.movies, max_bad_fraction=fv.max_bad_fraction, num_users=fv.num_users,
@@ -324,7 +341,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
     model = dual_encoder.DualEncoderConfig(
         num_rows=2, context_length=fv.context_length, dim=fv.dim, combiner=fv.combiner,
         context_tower=fv.context_tower, context_dense=fv.context_dense, share_embeddings=fv.share_embeddings,
-        negatives=fv.negatives or default_negatives(privacy.algorithm), num_negatives=fv.num_negatives,
+        negatives=fv.negatives or default_negatives(mechanisms.plan(privacy)), num_negatives=fv.num_negatives,
         negative_distribution=fv.negative_distribution,
     ).validate()
     return DualEncoderRun(privacy=privacy, loop=loop, data=data, model=model, metrics_out=fv.metrics_out)

@@ -48,6 +48,8 @@ if __name__ == "__main__":  # before TensorFlow is imported: no C++ startup nois
 
 import dataclasses
 import logging
+import subprocess
+import sys
 import time
 from typing import Callable, Optional
 
@@ -61,6 +63,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import prepared_rows, synthetic
 from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES
 from tfdp_sparse.data.vocabulary import VocabularyKind
+from tfdp_sparse.layers.tpu import EmbeddingBackend, split_functional_model
 from tfdp_sparse.noise_source import NoiseSource
 from trainers import loop as loop_lib
 from trainers import periods
@@ -121,6 +124,12 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; not with lazydp)", **fv)
     flags.DEFINE_boolean("compare_dpsgd_step", False, "also time dense DP-SGD steps on this model and print the "
                          "ratio", **fv)
+    flags.DEFINE_string("cluster", "", "'' (one machine), 'local_ps:W,P' (a loopback parameter-server cluster of W "
+                        "workers and P servers, started in its own network namespace) or 'TF_CONFIG' (join the "
+                        "cluster in the TF_CONFIG environment variable): tfdp_sparse.distribute", **fv)
+    flags.DEFINE_enum("embedding_backend", EmbeddingBackend.KERAS.value, [b.value for b in EmbeddingBackend],
+                      "where the tables live: keras variables, the TPU program on its exact CPU emulator "
+                      "(tpu_emulator), or a TPU (tpu: only under a TPUStrategy)", **fv)
 
 
 log = logging.getLogger("tfdp_sparse.train")
@@ -190,6 +199,8 @@ class PctrRun:
     epochs: Optional[float] = None
     #: Train period by period on this many consecutive groups of training days (prepared directories only).
     streaming_periods: Optional[int] = None
+    #: ``--cluster``: '' (one machine), 'local_ps:W,P' or 'TF_CONFIG' (:mod:`tfdp_sparse.distribute`).
+    cluster: str = ""
 
 
 def check_features(arrays, vocab_sizes, name: str) -> None:
@@ -440,6 +451,11 @@ def dense_dpsgd_step_ms(vocab_sizes, hidden, batch_size: int, seed: int, steps: 
     return 1000 * float(np.median(times[1:]))
 
 
+def tpu_split(model: tf.keras.Model):
+    """The pCTR model cut at its lookups for the TPU program: ``cat`` feeds the tables, ``dense`` the head."""
+    return split_functional_model(model, id_inputs=("cat",))
+
+
 def _check_run(run: PctrRun) -> None:
     """Cheap checks before any data is loaded."""
     run.privacy.validate()
@@ -502,6 +518,8 @@ def train_and_evaluate(run: PctrRun) -> dict:
         loop = dataclasses.replace(loop, steps=periods.steps_for_epochs(run.epochs, n, loop.batch_size))
         log.info("epochs=%g over N=%d examples at B=%d: %d steps", run.epochs, n, loop.batch_size, loop.steps)
     privacy = cap_k(run.privacy, vocab_sizes)
+    if run.cluster:
+        return _train_on_cluster(run, data, vocab_sizes, privacy, loop)
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden), seed=run.loop.seed)
     if run.streaming_periods is not None:
         result, auc, period_fields = _train_periods(run, data, model, privacy)
@@ -510,7 +528,7 @@ def train_and_evaluate(run: PctrRun) -> dict:
         result = loop_lib.train_privately(
             model, pctr.per_example_loss, train, privacy, loop, features=data.features,
             selection_counts=data.counts or (lambda: selection_counts(train["cat"], vocab_sizes)),
-            pre_training=data.pre_training,
+            pre_training=data.pre_training, tpu_split=tpu_split,
         )
         auc = evaluate_auc(model, evaluation)
         tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, {"auc": auc})
@@ -524,6 +542,40 @@ def train_and_evaluate(run: PctrRun) -> dict:
         metrics["speedup_vs_dense_dpsgd"] = round(dp_ms / max(result.step_ms, 1e-9), 2)
     if run.export_dir:
         export_lib.export_saved_model(pctr.PctrServing(model), run.export_dir, result.mechanism)
+        metrics["export_dir"] = run.export_dir
+    summary.emit(metrics, run.metrics_out)
+    return metrics
+
+
+def _train_on_cluster(run: PctrRun, data: PctrData, vocab_sizes, privacy: PrivacyConfig,
+                      loop: loop_lib.LoopConfig) -> dict:
+    """``--cluster``: trains on parameter servers (:mod:`tfdp_sparse.distribute.run`), evaluates and exports here."""
+    from tfdp_sparse.distribute import cluster as cluster_lib
+    from tfdp_sparse.distribute import run as cluster_run
+
+    request = cluster_lib.parse_cluster_flag(run.cluster)
+    unsupported = {"streaming_periods": run.streaming_periods, "model_dir": loop.model_dir,
+                   "target_epsilon": privacy.target_epsilon, "tensorboard_dir": loop.tensorboard_dir}
+    for name, value in unsupported.items():
+        if value is not None:
+            raise ValueError(f"--cluster={run.cluster} does not support {name}={value!r} yet: train on one machine "
+                             "for it, or drop the setting")
+    train = data.train
+    n = len(train["label"])
+    delta = privacy.delta if privacy.delta is not None else 1.0 / n
+    config = pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden)
+    result = cluster_run.train_on_cluster(
+        cluster_run.ClusterRun(request, loop.steps, loop.batch_size, loop.learning_rate, noise_seed=loop.noise_seed),
+        lambda: pctr.build_pctr_model(config, seed=loop.seed), pctr.per_example_loss,
+        {"cat": np.asarray(train["cat"], np.int64), "dense": np.asarray(train["dense"], np.float32)},
+        np.asarray(train["label"], np.float32).reshape(-1, 1), privacy, delta)
+    metrics = {"algorithm": privacy.algorithm, "cluster": run.cluster, "workers": result.workers,
+               "servers": result.servers, "steps": result.scheduled_steps, "executed_steps": result.executed_steps,
+               "epsilon": result.epsilon, "delta": delta, "not_private_reason": result.not_private_reason,
+               "step_ms": round(result.step_ms, 2), "auc": evaluate_auc(result.model, data.evaluation),
+               "noise_private": loop.noise_seed is None}
+    if run.export_dir:
+        export_lib.export_saved_model(pctr.PctrServing(result.model), run.export_dir, None)
         metrics["export_dir"] = run.export_dir
     summary.emit(metrics, run.metrics_out)
     return metrics
@@ -586,6 +638,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         dense_learning_rate=fv.dense_learning_rate,
         calibrate_noise=fv.noise_multiplier is None,
         tensorboard_dir=fv.tensorboard_dir,
+        embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend),
     )
     try:
         hidden = tuple(int(h) for h in fv.hidden)
@@ -601,10 +654,17 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         compare_dpsgd_step=fv.compare_dpsgd_step,
         epochs=fv.epochs,
         streaming_periods=fv.streaming_periods,
+        cluster=fv.cluster,
     )
 
 
 def main(argv):
+    from tfdp_sparse.distribute import cluster as cluster_lib
+
+    request = cluster_lib.parse_cluster_flag(FLAGS.cluster)
+    if request is not None and request.kind is cluster_lib.ClusterKind.LOCAL and not cluster_lib.loopback_only():
+        # tf.distribute servers bind 0.0.0.0: run this trainer again inside its own loopback-only namespace
+        return subprocess.run(cluster_lib.namespace_command([sys.executable, "-m", "trainers.train_pctr", *sys.argv[1:]])).returncode
     return common_flags.run_app(lambda: train_and_evaluate(run_from_flags()), argv)
 
 

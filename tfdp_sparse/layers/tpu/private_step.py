@@ -1,0 +1,232 @@
+"""The private step in activation gradients: the TPU program, run on a TPU or on the emulator.
+
+Per step (DESIGN §3 "TPU embedding"; the mechanisms' papers as in
+:mod:`tfdp_sparse.mechanisms`):
+
+1. round 1 — ``enqueue`` the batch's ids (and a dummy update feature),
+   ``dequeue`` the activations, run the model's dense head under a tape;
+2. per-example norms and clipped sums from the activation gradients and the
+   ids (:mod:`tfdp_sparse.layers.tpu.activation_clip`), handed as
+   ``IndexedSlices`` to the *unchanged* mechanism (``privatize``);
+3. dense variables: ``1/B`` and the ``DPOptimizer``'s SGD (or its
+   ``dense_optimizer``), as on the Keras path;
+4. tables: the mechanism's final rows times ``eta_t / B`` (plus LazyDP's
+   look-ahead catch-up, :mod:`tfdp_sparse.layers.tpu.lookahead`) packed into
+   each table's update feature (:mod:`tfdp_sparse.layers.tpu.packing`;
+   overflow of ``K`` is an error);
+5. round 2 — ``enqueue`` the same ids plus the packed update ids, ``dequeue``,
+   ``apply_gradients`` with ``None`` for the real features and the packed
+   rows for the update features; the tables' SGD at rate 1 subtracts them.
+
+The real features carry no gradient, so the tables change exactly by the
+rows the mechanism selected (noise, DP-AdaFEST's false positives and LazyDP's
+catch-up included), nothing else. Several replicas: the mechanism must see
+the global batch (noise once, globally); this class runs one replica (the
+emulator) and refuses to be traced inside a replica context of more than one
+replica.
+
+Example::
+
+    split = split_functional_model(model, id_inputs=("cat",))
+    plan = build_plan(split.table_specs([1] * 26), update_slots=4096, batch_size=256)
+    emb = TPUEmbeddingEmulator(plan.feature_config(), plan.optimizer, tables=split.tables())
+    step = TPUPrivateStep(split, plan, emb, per_example_loss, DPOptimizer(mech, 0.1, expected_batch_size=256))
+    step.prime(first_features)                 # LazyDP only: catch up batch 1
+    metrics = step(features, labels, next_features)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Optional
+
+import tensorflow as tf
+
+from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.layers.tpu import lookahead, packing
+from tfdp_sparse.layers.tpu.activation_clip import clip_from_activations
+from tfdp_sparse.layers.tpu.config import READ_SUFFIX, UPDATE_SUFFIX, Combiner, TPUEmbeddingPlan
+from tfdp_sparse.layers.tpu.model_split import ModelSplit
+from tfdp_sparse.mechanisms.lazydp import LazyDP
+
+Features = Mapping[str, tf.Tensor]
+
+
+def api_input(ids: tf.Tensor, combiner: Combiner):
+    """The embedding API's input for ``[B, L]`` ids: dense ``[B]`` (single id) or a ``SparseTensor``."""
+    if combiner is Combiner.NONE:
+        return ids[:, 0]
+    where = tf.where(ids >= 0)
+    return tf.SparseTensor(where, tf.gather_nd(ids, where), tf.shape(ids, out_type=tf.int64))
+
+
+class TPUPrivateStep:
+    """One private step on the TPU embedding API (or the emulator); see the module doc.
+
+    Args:
+      split: the model cut at its lookups (:func:`split_functional_model`).
+      plan: the configs (:func:`build_plan`), one table per split layer.
+      embedding: a ``TPUEmbedding`` / ``TPUEmbeddingV2`` / :class:`TPUEmbeddingEmulator` built from ``plan``.
+      loss_fn: ``loss_fn(labels, predictions) -> [B]``.
+      optimizer: the :class:`DPOptimizer` (mechanism, learning rate, ``B``, dense updates).
+    """
+
+    def __init__(self, split: ModelSplit, plan: TPUEmbeddingPlan, embedding, loss_fn: Callable,
+                 optimizer: DPOptimizer):
+        if not isinstance(optimizer, DPOptimizer):
+            raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}")
+        names = [layer.name for layer in split.layers]
+        if [s.name for s in plan.specs] != names:
+            raise ValueError(f"plan tables {[s.name for s in plan.specs]} do not match the model's {names}")
+        self.split, self.plan, self.embedding = split, plan, embedding
+        self.loss_fn, self.optimizer = loss_fn, optimizer
+        self.mechanism = optimizer.mechanism
+        self.lazy = isinstance(self.mechanism, LazyDP)
+        self._read_slots = {n: int(f.output_shape[0]) for n, f in plan.read_features.items()}
+        if self.lazy:
+            lookahead.check_lookahead_mechanism(self.mechanism)
+            if plan.read_features:
+                raise ValueError(
+                    f"LazyDP on the TPU program with read-only features {sorted(plan.read_features)} is refused: "
+                    "the rows they read (negatives, catalogue) would need their deferred noise caught up by the "
+                    "look-ahead too, which is not implemented; use the keras backend for this model"
+                )
+        self._scale = float(optimizer.expected_batch_size) if optimizer.expected_batch_size else None
+        self._recorder = optimizer.attach(split.model)  # clipping rules for the head's layers
+        self._step = tf.function(self._run, autograph=False, reduce_retracing=True)
+        self._prime = tf.function(self._run_prime, autograph=False, reduce_retracing=True)
+
+    # -- rounds --------------------------------------------------------------
+
+    def _inputs(self, ids: list, reads: dict, update_ids: Optional[dict] = None) -> dict:
+        out = {}
+        for spec, feature_ids in zip(self.plan.specs, ids):
+            out[spec.name] = api_input(feature_ids, spec.combiner)
+            k = self.plan.update_slots[spec.name]
+            out[spec.name + UPDATE_SUFFIX] = update_ids[spec.name] if update_ids else tf.zeros([k], tf.int64)
+        for name in self.plan.read_features:
+            out[name + READ_SUFFIX] = tf.reshape(tf.cast(reads[name], tf.int64), [-1])
+        return out
+
+    def _apply_updates(self, ids: list, reads: dict, packed: dict) -> tf.Operation:
+        """Round 2: same ids, packed update ids; gradients only on the update features."""
+        self.embedding.enqueue(self._inputs(ids, reads, {n: p[0] for n, p in packed.items()}), training=True)
+        self.embedding.dequeue()
+        grads = {name + READ_SUFFIX: None for name in self.plan.read_features}
+        for spec in self.plan.specs:
+            grads[spec.name] = None
+            grads[spec.name + UPDATE_SUFFIX] = packed[spec.name][1]
+        return self.embedding.apply_gradients(grads)
+
+    # -- the step ------------------------------------------------------------
+
+    def _run(self, features, labels, next_features=None):
+        if tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1:
+            raise ValueError("TPUPrivateStep runs one replica; the mechanism must see the global batch")
+        ids = self.split.ids(features)
+        read_ids = self.split.read_ids(features)
+        self.embedding.enqueue(self._inputs(ids, read_ids), training=True)
+        activations = self.embedding.dequeue()
+        acts = [activations[s.name] for s in self.plan.specs]
+        reads = {n: (read_ids[n], tf.stop_gradient(activations[n + READ_SUFFIX])) for n in self.plan.read_features}
+        self._recorder.clear()
+        with tf.GradientTape() as tape:
+            tape.watch(acts)
+            predictions = self.split.forward(acts, reads, features, training=True)
+            per_example_loss = self.loss_fn(labels, predictions)
+        tables = [layer.embeddings for layer in self.split.layers]
+        variables = list(self.split.model.trainable_variables)
+        clipped = clip_from_activations(per_example_loss, tape, acts, ids, [s.combiner for s in self.plan.specs],
+                                        tables, variables, self._recorder.take(), self.mechanism.l2_norm_clip)
+        if self.mechanism.needs_lookups:
+            noised = self.mechanism.privatize(clipped.grads, variables, clipped.is_table, lookups=clipped.lookups)
+        else:
+            noised = self.mechanism.privatize(clipped.grads, variables, clipped.is_table)
+        denominator = (tf.constant(self._scale) if self._scale is not None
+                       else tf.cast(tf.maximum(clipped.batch_size, 1), tf.float32))
+        rate = step_learning_rate(self.optimizer)  # eta_t, before the step counter moves
+        by_table = {v.ref(): g for v, g, t in zip(variables, noised.grads, clipped.is_table) if t}
+        catch_up = self._lookahead(next_features) if (self.lazy and next_features is not None) else {}
+        packed = {}
+        for spec, table in zip(self.plan.specs, tables):
+            rows = _scaled(by_table.get(table.ref()), 1.0 / denominator, rate)
+            packed[spec.name] = packing.pack_rows(rows, self.plan.update_slots[spec.name], spec.dim, spec.name,
+                                                  extra=catch_up.get(spec.name))
+        dense_op = self._apply_dense(variables, noised, clipped, denominator)
+        with tf.control_dependencies([dense_op]):
+            table_op = self._apply_updates(ids, read_ids, packed)
+        with tf.control_dependencies([table_op]):
+            return {
+                "loss": tf.reduce_mean(per_example_loss),
+                "embedding_values": tf.identity(noised.embedding_values),
+                "update_rows": tf.add_n([tf.size(tf.unique(p[0])[0]) for p in packed.values()]),
+            }
+
+    def _lookahead(self, next_features) -> dict:
+        """LazyDP: the catch-up owed by the rows the next batch reads, at ``k = t`` (after privatize)."""
+        next_ids = self.split.ids(next_features)
+        completed = self.optimizer.iterations + 1
+        out = {}
+        for spec, layer, feature_ids in zip(self.plan.specs, self.split.layers, next_ids):
+            out[spec.name] = lookahead.catch_up(self.mechanism, layer.embeddings,
+                                                lookahead.unique_read_ids(feature_ids), self.optimizer, completed)
+        return out
+
+    def _apply_dense(self, variables, noised, clipped, denominator) -> tf.Operation:
+        """``1/B`` and the optimizer's update of the non-table variables (as ``DPOptimizer.private_step``)."""
+        opt = self.optimizer
+        pairs = [(g * (1.0 / denominator), v) for v, g, t in zip(variables, noised.grads, clipped.is_table)
+                 if not t and g is not None]
+        updates = [opt.last_embedding_values.assign(noised.embedding_values)]
+        if clipped.norms is not None:
+            fraction = tf.reduce_mean(tf.cast(clipped.norms > self.mechanism.l2_norm_clip, tf.float32))
+            updates.append(opt.last_clipped_fraction.assign(fraction))
+        with tf.control_dependencies(updates):
+            if opt.dense_optimizer is None:
+                return opt.apply_gradients(pairs)
+            dense_op = opt.dense_optimizer.apply_gradients(pairs)
+            with tf.control_dependencies([dense_op]):
+                return opt.iterations.assign_add(1)
+
+    # -- LazyDP prologue -------------------------------------------------------
+
+    def _run_prime(self, features):
+        ids = self.split.ids(features)
+        completed = self.optimizer.iterations
+        packed = {}
+        for spec, layer, feature_ids in zip(self.plan.specs, self.split.layers, ids):
+            extra = lookahead.catch_up(self.mechanism, layer.embeddings, lookahead.unique_read_ids(feature_ids),
+                                       self.optimizer, completed)
+            packed[spec.name] = packing.pack_rows(None, self.plan.update_slots[spec.name], spec.dim, spec.name,
+                                                  extra=extra)
+        self._apply_updates(ids, {n: tf.zeros([k], tf.int64) for n, k in self._read_slots.items()}, packed)
+
+    def prime(self, features: Features) -> None:
+        """LazyDP: catches up the rows of the first batch (call once before the first step; no-op otherwise)."""
+        if self.lazy:
+            self._prime(features)
+
+    def __call__(self, features: Features, labels, next_features: Optional[Features] = None) -> dict:
+        """One step; LazyDP needs ``next_features`` (the next batch) except on the last step."""
+        return self._step(features, labels, next_features)
+
+
+def step_learning_rate(optimizer) -> tf.Tensor:
+    """``eta_t`` of the step about to be applied (float32).
+
+    Keras' ``learning_rate`` property returns the rate of the *last* applied
+    step for a ``LearningRateSchedule``; the SGD update of this step uses the
+    schedule at ``optimizer.iterations`` (as LazyDP's rate record does).
+    """
+    rate = optimizer._learning_rate  # the constructor's value: a number, a variable or a schedule
+    if isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
+        return tf.cast(rate(optimizer.iterations), tf.float32)
+    return tf.cast(optimizer.learning_rate, tf.float32)
+
+
+def _scaled(rows, inverse_batch: tf.Tensor, rate: tf.Tensor):
+    """``rows * (1/B) * eta`` with the Keras path's float order (``_scale`` then SGD's ``* lr``)."""
+    if rows is None:
+        return None
+    if isinstance(rows, tf.IndexedSlices):
+        return tf.IndexedSlices((rows.values * inverse_batch) * rate, rows.indices, rows.dense_shape)
+    return (rows * inverse_batch) * rate

@@ -1,0 +1,129 @@
+"""The trainers' entry to the TPU program: build configs and the embedding API for a backend.
+
+:func:`make_train_step` turns a Keras model (cut by a ``split`` function,
+e.g. :func:`~tfdp_sparse.layers.tpu.model_split.split_functional_model`),
+its per-example loss and its :class:`~tfdp_sparse.keras.DPOptimizer` into a
+:class:`TPUTrainStep` for ``EmbeddingBackend.TPU_EMULATOR`` (the emulator
+trains the model's own tables in place, so the model evaluates, flushes and
+serves on CPU unchanged) or ``EmbeddingBackend.TPU`` (``TPUEmbedding`` /
+``TPUEmbeddingV2`` under a ``TPUStrategy``; not runnable without a TPU).
+
+``update_slots`` (K per table) defaults to each table's vocabulary size,
+which can never overflow (a step updates at most every row once) and is
+what DP-SGD needs; sparse mechanisms may pass less (an overflow is a clear
+run-time error, never a drop).
+
+Example::
+
+    step = make_train_step(model, lambda m: split_functional_model(m, ("cat",)), per_example_loss,
+                           optimizer, EmbeddingBackend.TPU_EMULATOR, batch_size=256)
+    step.prime(first_x)                           # LazyDP: catch up batch 1
+    metrics = step(x, y, next_x)                  # next_x only used by LazyDP's look-ahead
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Optional, Union
+
+import tensorflow as tf
+
+from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.layers.tpu.backend import EmbeddingBackend, embedding_api, has_sparsecore
+from tfdp_sparse.layers.tpu.config import build_plan
+from tfdp_sparse.layers.tpu.emulator import TPUEmbeddingEmulator
+from tfdp_sparse.layers.tpu.model_split import ModelSplit
+from tfdp_sparse.layers.tpu.private_step import TPUPrivateStep
+
+SplitFn = Callable[[tf.keras.Model], ModelSplit]
+
+
+class TPUTrainStep:
+    """``step(x, y, next_x=None) -> {"loss", "embedding_values", "clipped_fraction", "update_rows"}``.
+
+    Attributes:
+      lookahead: True when the mechanism needs the next batch (LazyDP).
+      private_step: the underlying :class:`TPUPrivateStep`.
+    """
+
+    def __init__(self, private_step: TPUPrivateStep):
+        self.private_step = private_step
+        self.lookahead = private_step.lazy
+
+    def prime(self, features) -> None:
+        """Before the first step: LazyDP catches up the first batch's rows (no-op otherwise)."""
+        self.private_step.prime(features)
+
+    def __call__(self, features, labels, next_features=None) -> dict:
+        metrics = dict(self.private_step(features, labels, next_features))
+        metrics["clipped_fraction"] = self.private_step.optimizer.last_clipped_fraction.read_value()
+        return metrics
+
+
+def make_train_step(
+    model: tf.keras.Model,
+    split: SplitFn,
+    loss_fn: Callable,
+    optimizer: DPOptimizer,
+    backend: EmbeddingBackend,
+    batch_size: int,
+    update_slots: Optional[Union[int, Mapping[str, int]]] = None,
+    strategy: Optional[tf.distribute.Strategy] = None,
+) -> TPUTrainStep:
+    """The TPU program for ``model`` on ``backend`` (``KERAS`` is refused: use ``PrivateStep``)."""
+    if backend is EmbeddingBackend.KERAS:
+        raise ValueError("make_train_step builds the TPU program; the keras backend uses tfdp_sparse.keras.PrivateStep")
+    strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+    api = embedding_api(backend, strategy)
+    cut = split(model)
+    slots = update_slots if update_slots is not None else {layer.name: layer.vocab_size for layer in cut.layers}
+    plan = build_plan(cut.table_specs(), update_slots=slots, batch_size=batch_size, read_slots=cut.read_slots(),
+                      lazy_noise=_is_lazy(optimizer),
+                      sparse_core=backend is EmbeddingBackend.TPU and has_sparsecore(strategy))
+    if api is TPUEmbeddingEmulator:
+        embedding = TPUEmbeddingEmulator(plan.feature_config(), plan.optimizer, tables=cut.tables())
+    elif plan.sparse_core is not None:
+        with strategy.scope():
+            embedding = api(plan.feature_config(), plan.optimizer,
+                            sparse_core_embedding_config=plan.sparse_core)
+    else:
+        with strategy.scope():
+            embedding = api(plan.feature_config(), plan.optimizer, pipeline_execution_with_tensor_core=False)
+    return TPUTrainStep(TPUPrivateStep(cut, plan, embedding, loss_fn, optimizer))
+
+
+def _is_lazy(optimizer: DPOptimizer) -> bool:
+    from tfdp_sparse.mechanisms.lazydp import LazyDP
+
+    return isinstance(optimizer.mechanism, LazyDP)
+
+
+def loop_driver(step: TPUTrainStep, signature: list, batches) -> tuple[Callable, object]:
+    """``(call, batches)`` for a training loop that calls ``call(x, y)`` per ``(step, size, x, y)`` item.
+
+    The returned iterator re-yields ``batches`` one item behind the source,
+    so the next batch's features are known when ``call`` runs (LazyDP's
+    look-ahead; the last step gets none), and primes the first batch before
+    yielding it. ``signature`` is ``[x_spec, y_spec]`` (free batch dimension).
+    """
+    x_spec, y_spec = signature
+    with_next = tf.function(step.__call__, input_signature=[x_spec, y_spec, x_spec], autograph=False)
+    alone = tf.function(lambda x, y: step(x, y), input_signature=[x_spec, y_spec], autograph=False)
+    upcoming: list = [None]
+
+    def peeked():
+        source = iter(batches)
+        current = next(source, None)
+        if current is not None and step.lookahead:
+            step.prime(current[2])
+        while current is not None:
+            following = next(source, None)
+            upcoming[0] = None if following is None else following[2]
+            yield current
+            current = following
+
+    def call(x, y):
+        if step.lookahead and upcoming[0] is not None:
+            return with_next(x, y, upcoming[0])
+        return alone(x, y)
+
+    return call, peeked()

@@ -29,8 +29,10 @@ demo: setup
 	$(PY) -m trainers.train_pctr --flagfile=configs/demo_private.cfg --metrics_out=$(OUT)/private.json --export_dir=$(OUT)/saved_model
 	$(PY) -m trainers.report $(OUT)/sgd.json $(OUT)/private.json
 
+# The main suite, then tests/distributed in its own process (clusters, logical devices).
 test: setup
 	$(PY) -m pytest -q
+	TFDP_DISTRIBUTED_TESTS=1 $(PY) -m pytest -q tests/distributed
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

@@ -1,5 +1,13 @@
-"""Shared pytest setup: legacy tf.keras and quiet TensorFlow logs."""
+"""Shared pytest setup: legacy tf.keras and quiet TensorFlow logs.
+
+``tests/distributed/`` runs in its own pytest process (``make test`` runs it
+after the main suite): its tests configure logical devices and start
+clusters, which must happen before TensorFlow initialises in that process.
+The main run skips it unless ``TFDP_DISTRIBUTED_TESTS=1``.
+"""
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+collect_ignore_glob = [] if os.environ.get("TFDP_DISTRIBUTED_TESTS") == "1" else ["distributed/*"]

@@ -1,0 +1,130 @@
+"""Private steps under MirroredStrategy (2 logical CPU devices) and MultiWorkerMirroredStrategy.
+
+The measurements run in child processes (:mod:`mirrored_checks`,
+:mod:`mirrored_workers`): logical devices and cluster settings must be set
+before TensorFlow initialises. Each child is ended by its PID.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _run_child(argv: list, timeout: float) -> subprocess.CompletedProcess:
+    """Runs ``argv`` from the repository root; on timeout ends it (and its group) by PID."""
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{argv} timed out after {timeout}s; stderr tail:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _json_line(result: subprocess.CompletedProcess) -> dict:
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert result.returncode == 0 and lines, f"child failed ({result.returncode}):\n{result.stderr[-4000:]}"
+    return json.loads(lines[-1])
+
+
+@pytest.fixture(scope="module")
+def checks() -> dict:
+    return _json_line(_run_child([sys.executable, os.path.join(HERE, "mirrored_checks.py")], timeout=180))
+
+
+def test_two_replicas(checks):
+    assert checks["replicas"] == 2
+
+
+@pytest.mark.parametrize("algorithm", ["sgd", "dpsgd", "eana", "adafest", "lazydp", "dpsgd_adam"])
+def test_zero_noise_parity_with_one_device(checks, algorithm):
+    """3 steps on a global batch split 9/7 equal one device's 3 steps on the whole batch."""
+    got = checks["parity"][algorithm]
+    assert got["max_diff"] < 1e-6, got
+    assert got["min_moved"] > 1e-4, got  # every variable was trained, so equality is not vacuous
+    assert got["clipped_fraction"] > 0 or algorithm == "sgd", got  # clipping was active
+    assert abs(got["clipped_fraction"] - got["mirrored_clipped_fraction"]) < 1e-6, got
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "eana", "adafest"])
+def test_replicas_do_not_drift_under_noise(checks, algorithm):
+    got = checks["drift"][algorithm]
+    assert got["max_diff"] == 0.0, got
+    assert got["moved"] > 1e-3, got  # noise was applied
+
+
+def test_row_read_by_both_replicas_gets_one_draw(checks):
+    """KS: the noise of a row read by both replicas is N(0, sigma^2 C^2), not sigma*(1 +- 1/3)."""
+    got = checks["noise_global"]
+    assert got["p_sigma"] > 1e-3, got
+    assert got["p_low"] < 1e-6 and got["p_high"] < 1e-6, got
+
+
+def test_per_replica_noising_fails_the_same_check(checks):
+    """The alternative (noise each replica's rows, then sum) gives variance 2 sigma^2 C^2: rejected at sigma."""
+    got = checks["noise_per_replica"]
+    assert got["p_sigma"] < 1e-6, got
+    assert 1.3 < got["std"] < 1.5, got  # ~ sqrt(2)
+
+
+def test_ledger_records_one_event_per_global_step(checks):
+    got = checks["ledger"]
+    assert got["steps"] == 3
+    assert got["entries"] == [
+        ["PoissonSampledDpEvent(sampling_probability=0.1, event=GaussianDpEvent(noise_multiplier=1.0))", 3]
+    ]
+
+
+@pytest.fixture(scope="module")
+def workers() -> list:
+    """Two MultiWorkerMirroredStrategy workers on loopback inside their own network namespace."""
+    probe = subprocess.run(["unshare", "-rn", "sh", "-c", "ip link set lo up"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {probe.stderr.strip()}")
+    script = os.path.join(HERE, "mirrored_workers.py")
+    command = f"ip link set lo up && exec '{sys.executable}' '{script}' launch"
+    got = _json_line(_run_child(["unshare", "-rn", "sh", "-c", command], timeout=200))
+    errors = [w for w in got["workers"] if "error" in w]
+    assert not errors, errors
+    return got["workers"]
+
+
+def test_multi_worker_two_processes(workers):
+    assert [w["index"] for w in workers] == [0, 1]
+    assert all(w["replicas"] == 2 for w in workers)
+
+
+def test_multi_worker_copies_identical_with_secure_noise(workers):
+    """Each worker's generator starts from its own OS entropy; after the key is shared the copies stay equal."""
+    assert workers[0]["state_before"] != workers[1]["state_before"]
+    for a, b in zip(workers[0]["weights"], workers[1]["weights"]):
+        assert a == b
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
+def test_multi_worker_zero_noise_parity_with_one_device(workers, algorithm):
+    for w in workers:
+        got = w["parity"][algorithm]
+        assert got["max_diff"] < 1e-6 and got["min_moved"] > 1e-4, got
+
+
+@pytest.mark.parametrize("case, words", [
+    ("default_strategy", "MirroredStrategy or MultiWorkerMirroredStrategy"),
+    ("mechanism_in_scope", "create the mechanism outside strategy.scope()"),
+    ("model_outside_scope", "inside strategy.scope()"),
+    ("lazydp_noise", "LazyDP with noise is not supported"),
+    ("ledger_without_n", "dataset_size"),
+])
+def test_refused_setups(checks, case, words):
+    assert checks["refusals"]["ok"] == "no error"
+    assert words in checks["refusals"][case], checks["refusals"][case]

@@ -1,0 +1,242 @@
+"""Private steps under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``: noise once, after aggregation.
+
+Under a mirrored strategy every replica holds a full copy of the model and
+sees a share of the *global* batch. The private step of
+:class:`MirroredPrivateStep` is:
+
+1. each replica runs the forward pass and clips its own examples with the
+   ordinary clipping code (:func:`tfdp_sparse.clipping.clip.clip_gradients`);
+   per-example clipping needs nothing from other replicas;
+2. the clipped sums are aggregated over all replicas: tables' row gradients
+   (``IndexedSlices``) and per-example looked-up ids are all-gathered, dense
+   gradients are all-reduced; the result is exactly the
+   ``sum_i clip(g_i, C)`` of one machine over the global batch;
+3. the mechanism runs **once**, in cross-replica context, on that aggregate
+   (its contract unchanged: :meth:`~tfdp_sparse.mechanisms.base.Mechanism.privatize`),
+   so each unique row of the global batch receives one Gaussian draw from one
+   generator;
+4. every replica applies the identical noised update (``apply_gradients``
+   with aggregation skipped), so the mirrored copies never drift.
+
+Why not noise per replica: a row read by ``k`` of ``R`` replicas would get
+``k`` independent draws, variance ``k sigma^2 C^2`` instead of
+``sigma^2 C^2`` (more noise than the analysis assumes, and the replicas'
+copies would differ unless the draws were shared). The test
+``tests/distributed/test_mirrored.py`` checks both: one draw passes a KS test
+at ``sigma C``, the per-replica alternative fails it.
+
+Multi-worker: each worker process runs step 3 on the same aggregate. The
+generators are made to share one key at construction: the first replica's
+generator state (secret, from :class:`~tfdp_sparse.noise_source.NoiseSource`)
+is broadcast to all workers, so every worker draws the same noise and their
+copies stay equal; no seed is ever derived from public data.
+
+Accounting: one step of the global batch is one mechanism step; pass the
+optimizer's ``expected_batch_size`` as the *global* expected batch ``B`` and
+the step records ``mechanism.step_event(B / N)`` per call in ``ledger``
+(Abadi et al. 2016: the lot is the global batch).
+
+Not supported (refused with ``ValueError``): LazyDP with noise (its read
+hooks catch rows up inside each replica's forward pass, which would draw
+per replica; deferring the catch-up to cross-replica context needs the
+global ids before the forward pass). The shared generator state crosses the
+cluster's links once at construction: the cluster network must be trusted.
+
+Example::
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = make_model()
+        opt = DPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)  # global B
+    step = MirroredPrivateStep(strategy, model, per_example_loss, opt, ledger=ledger, dataset_size=N)
+    for x, y in strategy.experimental_distribute_dataset(dataset):
+        step(x, y)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from tfdp_sparse.accounting.ledger import PrivacyLedger
+from tfdp_sparse.clipping.clip import clip_gradients
+from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.mechanisms.lazydp import LazyDP
+
+PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+_MIRRORED = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+_SUM = tf.distribute.ReduceOp.SUM
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Which trainable variables are tables, fixed by the first trace (same model on every replica)."""
+
+    is_table: tuple
+
+
+def _check_setup(strategy, model: tf.keras.Model, optimizer: DPOptimizer) -> None:
+    """Refuses set-ups under which the step would not be one private step of the global batch."""
+    if not isinstance(strategy, _MIRRORED):
+        raise ValueError(
+            f"MirroredPrivateStep needs a MirroredStrategy or MultiWorkerMirroredStrategy, got "
+            f"{type(strategy).__name__}; use tfdp_sparse.keras.PrivateStep on one device"
+        )
+    if not isinstance(optimizer, DPOptimizer):
+        raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}")
+    distributed = tf.distribute.DistributedValues
+    plain = [v.name for v in model.trainable_variables if not isinstance(v, distributed)]
+    optimizers = [optimizer] + ([optimizer.dense_optimizer] if optimizer.dense_optimizer is not None else [])
+    plain += [o.name for o in optimizers if not isinstance(o.iterations, distributed)]
+    if plain:
+        raise ValueError(
+            f"build the model, the DPOptimizer and its dense_optimizer inside strategy.scope() (not mirrored: "
+            f"{plain}); otherwise replicas would not hold copies"
+        )
+    if isinstance(optimizer.mechanism.rng.state, tf.distribute.DistributedValues):
+        raise ValueError(
+            "create the mechanism outside strategy.scope(): its noise generator must be one generator "
+            "(one key), not one per replica"
+        )
+    if isinstance(optimizer.mechanism, LazyDP) and optimizer.mechanism.noise_multiplier != 0:
+        raise ValueError(
+            "LazyDP with noise is not supported under a mirrored strategy: its catch-up reads run inside "
+            "each replica's forward pass and would draw noise per replica; use DP-SGD, EANA, DP-FEST or "
+            "DP-AdaFEST, or LazyDP on one device"
+        )
+
+
+class MirroredPrivateStep:
+    """A compiled private step over the global batch of a mirrored strategy (see module doc).
+
+    Args:
+      strategy: a ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy``.
+      model: built inside ``strategy.scope()``.
+      loss_fn: ``loss_fn(labels, predictions) -> [b]`` per-example losses.
+      optimizer: a :class:`~tfdp_sparse.keras.DPOptimizer` built inside the
+        scope, ``expected_batch_size`` = the *global* expected batch; its
+        mechanism built outside the scope.
+      ledger: optional; each call records one step at ``q = B / dataset_size``.
+      dataset_size: ``N``, required with ``ledger``.
+    """
+
+    def __init__(self, strategy, model: tf.keras.Model, loss_fn: PerExampleLoss, optimizer: DPOptimizer,
+                 ledger: Optional[PrivacyLedger] = None, dataset_size: Optional[int] = None):
+        _check_setup(strategy, model, optimizer)
+        if ledger is not None and (dataset_size is None or optimizer.expected_batch_size is None):
+            raise ValueError("a ledger needs dataset_size N and the optimizer's expected_batch_size B (q = B/N)")
+        self.strategy, self.model, self.loss_fn, self.optimizer = strategy, model, loss_fn, optimizer
+        self.mechanism = optimizer.mechanism
+        self.ledger, self.dataset_size = ledger, dataset_size
+        with strategy.scope():
+            self._recorder = optimizer.attach(model)
+        self._layout: Optional[_Layout] = None
+        self._share_noise_key()
+        self._step = tf.function(self._run, autograph=False)
+
+    # -- one key for all workers ----------------------------------------------
+
+    def _share_noise_key(self) -> None:
+        """Sets every worker's generator to the first replica's state (a no-op within one process)."""
+        rng = self.mechanism.rng
+        state = tf.identity(rng.state)
+
+        def contribution(ctx):
+            return state if ctx.replica_id_in_sync_group == 0 else tf.zeros_like(state)
+
+        per_replica = self.strategy.experimental_distribute_values_from_function(contribution)
+        shared = self.strategy.reduce(_SUM, per_replica, axis=None)
+        rng.reset(shared)
+
+    # -- the step -------------------------------------------------------------
+
+    def _replica_clip(self, features, labels) -> dict:
+        """Forward pass and per-example clipping of this replica's share (replica context)."""
+        self._recorder.clear()
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss = self.loss_fn(labels, self.model(features, training=True))
+        clipped = clip_gradients(loss, tape, variables, self._recorder.take(), self.mechanism.l2_norm_clip)
+        self._layout = _Layout(tuple(clipped.is_table))
+        parts = []
+        for grad, ids in zip(clipped.grads, clipped.lookups or [None] * len(variables)):
+            if isinstance(grad, tf.IndexedSlices):
+                parts.append({"values": grad.values, "indices": tf.cast(grad.indices, tf.int64), "ids": ids})
+            else:
+                parts.append({"dense": grad})
+        norms = clipped.norms if clipped.norms is not None else tf.zeros([0])
+        return {"parts": parts, "norms": norms, "loss": tf.reduce_sum(loss), "size": clipped.batch_size}
+
+    def _aggregate(self, per_replica: dict) -> tuple[list, list]:
+        """``(grads, lookups)`` of the global batch: slices and ids all-gathered, dense grads all-reduced."""
+        grads, lookups = [], []
+        for part, var in zip(per_replica["parts"], self.model.trainable_variables):
+            if "dense" in part:
+                grads.append(None if part["dense"] is None else self.strategy.reduce(_SUM, part["dense"], axis=None))
+                lookups.append(None)
+                continue
+            values = self.strategy.gather(part["values"], axis=0)
+            indices = self.strategy.gather(part["indices"], axis=0)
+            grads.append(tf.IndexedSlices(values, indices, tf.constant(var.shape.as_list(), tf.int64)))
+            lookups.append(None if part["ids"] is None else self.strategy.gather(part["ids"], axis=0))
+        return grads, lookups
+
+    def _replica_apply(self, variables: list, grads: list) -> None:
+        """Applies the (identical) noised update on this replica's copies."""
+        pairs = list(zip(grads, variables))
+        opt = self.optimizer
+        if opt.dense_optimizer is None:
+            opt.apply_gradients(pairs, skip_gradients_aggregation=True)
+            return
+        tables = {v.ref() for v, t in zip(self.model.trainable_variables, self._layout.is_table) if t}
+        opt.dense_optimizer.apply_gradients([(g, v) for g, v in pairs if v.ref() not in tables],
+                                            skip_gradients_aggregation=True)
+        opt.apply_gradients([(g, v) for g, v in pairs if v.ref() in tables], skip_gradients_aggregation=True)
+
+    def _privatize(self, per_replica: dict):
+        """The mechanism, once, on the global batch's aggregate (cross-replica context)."""
+        grads, lookups = self._aggregate(per_replica)
+        return self.mechanism.privatize(grads, self.model.trainable_variables, self._layout.is_table,
+                                        lookups=lookups)
+
+    def _run(self, features, labels) -> dict:
+        per_replica = self.strategy.run(self._replica_clip, args=(features, labels))
+        noised = self._privatize(per_replica)
+        opt = self.optimizer
+        size = self.strategy.reduce(_SUM, per_replica["size"], axis=None)
+        if opt.expected_batch_size is not None:
+            denominator = tf.constant(float(opt.expected_batch_size))
+        else:  # non-private only (DPOptimizer refuses None for private mechanisms)
+            denominator = tf.cast(tf.maximum(size, 1), tf.float32)
+        live = [(g, v) for g, v in zip(noised.grads, self.model.trainable_variables) if g is not None]
+        scaled = [_scale(g, 1.0 / denominator) for g, _ in live]
+        opt.last_embedding_values.assign(noised.embedding_values)
+        if self.mechanism.l2_norm_clip is not None:
+            norms = self.strategy.gather(per_replica["norms"], axis=0)
+            clipped = tf.reduce_mean(tf.cast(norms > self.mechanism.l2_norm_clip, tf.float32))
+            opt.last_clipped_fraction.assign(clipped)
+        variables = [v for _, v in live]  # captured, not passed: arguments would be unwrapped per replica
+        self.strategy.run(lambda *grads: self._replica_apply(variables, list(grads)), args=tuple(scaled))
+        loss = self.strategy.reduce(_SUM, per_replica["loss"], axis=None)
+        return {"loss": loss / tf.cast(tf.maximum(size, 1), tf.float32),
+                "embedding_values": noised.embedding_values, "batch_size": size}
+
+    def __call__(self, features, labels) -> dict:
+        """One private step on distributed ``features``/``labels`` (e.g. from ``experimental_distribute_dataset``)."""
+        out = self._step(features, labels)
+        if self.ledger is not None:
+            q = self.optimizer.expected_batch_size / self.dataset_size
+            event = self.mechanism.step_event(q)
+            if event is None:
+                self.ledger.record_not_private(self.mechanism.not_private_reason(), num_steps=1)
+            else:
+                self.ledger.record_step(event)
+        return out
+
+
+def _scale(grad, factor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor

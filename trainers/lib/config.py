@@ -1,0 +1,66 @@
+"""Run settings the trainers pass to the loop (:mod:`trainers.loop`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import dp_accounting
+
+from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """Settings of a training run that do not change its privacy guarantee.
+
+    (Batch size and steps *do* enter the accounting; they are here because
+    they are also what a user tunes for speed, and the ledger records them.)
+
+    Attributes:
+      seed: initialisation and data order of everything public; never the
+        noise or the batch membership.
+      noise_seed: ``None`` (default): noise and Poisson batches from OS
+        entropy. An integer makes them reproducible (tests, debugging); the
+        run is then not private and says so.
+      calibrate_noise: with ``target_epsilon``, choose σ so that ``steps``
+        fit the budget (True) or keep the given σ and stop when the budget
+        is spent (False).
+      tensorboard_dir: ``None`` (default) or a directory for TensorBoard
+        scalars (loss, clipped fraction, embedding values, step time per
+        step; ε every ``log_every`` steps): :mod:`trainers.tensorboard`.
+    """
+
+    batch_size: int
+    steps: int
+    learning_rate: float
+    seed: int = 0
+    model_dir: Optional[str] = None
+    checkpoint_every: int = 1000
+    log_every: int = 100
+    jit_compile: bool = False
+    dense_optimizer: str = "sgd"
+    dense_learning_rate: Optional[float] = None
+    calibrate_noise: bool = True
+    noise_seed: Optional[int] = None
+    tensorboard_dir: Optional[str] = None
+    #: where the tables live (a speed setting): Keras variables, or the TPU program on the
+    #: emulator / a TPU (:mod:`tfdp_sparse.layers.tpu`; needs ``train_privately(tpu_split=...)``).
+    embedding_backend: EmbeddingBackend = EmbeddingBackend.KERAS
+
+
+@dataclasses.dataclass(frozen=True)
+class PreTrainingRelease:
+    """A data-dependent release made before training (e.g. a DP vocabulary), charged to the run.
+
+    Attributes:
+      name: what was released, for logs and the metrics line.
+      event: its ``DpEvent``, composed into the run's ledger before the steps.
+      extra_delta: a δ the event does not express (e.g. the thresholding
+        failure probability of partition selection); the run's ε is computed
+        at ``delta - sum(extra_delta)``, so the total stays ``delta``.
+    """
+
+    name: str
+    event: dp_accounting.DpEvent
+    extra_delta: float = 0.0

@@ -1,0 +1,176 @@
+"""The step loop: batches in, private steps, one ledger entry per executed step, progress out.
+
+Each executed step is recorded in the ledger as soon as it returns (a step
+that never ran is never charged, and one that ran always is); progress
+lines, TensorBoard points and checkpoints follow the ledger.
+
+Example::
+
+    stats = run_steps(compiled, batches, ledger, accounting_of_step, progress)
+    stats.step_ms, stats.examples_per_sec
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, Iterator, Optional
+
+import dp_accounting
+import numpy as np
+import tensorflow as tf
+
+from tfdp_sparse import accounting
+from tfdp_sparse.data import sampling
+from tfdp_sparse.data.sampling import BatchSampler
+from tfdp_sparse.keras import DPOptimizer, PrivateStep
+from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
+from trainers import tensorboard
+from trainers.lib.checkpoints import RunCheckpoint
+from trainers.lib.config import LoopConfig
+
+log = logging.getLogger("tfdp_sparse.train")
+
+
+def sampled_batches(sampler: BatchSampler, gather: Callable, start: int, stop: int) -> tuple[list, Iterator[tuple]]:
+    """``(input signature, iterator of (step, batch size, x, y))`` for steps ``start .. stop-1``.
+
+    The index draw (secret, from the run's noise source) and the gather (in
+    memory or from memory-mapped days) run in the input pipeline, prefetched
+    while the previous step trains (:func:`tfdp_sparse.data.sampling.sampled_batch_dataset`).
+    The signature is the pipeline's element spec: a free batch dimension, so
+    Poisson batches of every size share one trace.
+    """
+    dataset = sampling.sampled_batch_dataset(sampler, gather, stop - start, first_step=start, with_indices=True)
+    _, (x_spec, y_spec) = dataset.element_spec
+
+    def steps() -> Iterator[tuple]:
+        for step, (idx, (x, y)) in zip(range(start, stop), dataset):
+            yield step, int(idx.shape[0]), x, y
+
+    return [x_spec, y_spec], steps()
+
+
+def make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_split: Optional[Callable]):
+    """``PrivateStep`` for the Keras backend, else the TPU program (:mod:`tfdp_sparse.layers.tpu`)."""
+    if loop.embedding_backend is EmbeddingBackend.KERAS:
+        return PrivateStep(model, loss_fn, optimizer, jit_compile=loop.jit_compile)
+    if tpu_split is None:
+        raise ValueError(f"embedding_backend={loop.embedding_backend.value} needs the trainer's tpu_split "
+                         "(how to cut the model at its lookups); this trainer gives none")
+    if loop.jit_compile:
+        raise ValueError("jit_compile is not supported with the TPU embedding program on CPU")
+    from tfdp_sparse.layers.tpu.train_step import make_train_step
+
+    return make_train_step(model, tpu_split, loss_fn, optimizer, loop.embedding_backend, loop.batch_size)
+
+
+def _flush_board(board: Optional[tensorboard.TrainingLog], step: int, epsilon: Optional[float]) -> None:
+    """Writes the buffered TensorBoard points (with ε spent after ``step`` steps, if computed)."""
+    if board is None:
+        return
+    if epsilon is not None:
+        board.record_epsilon(step, epsilon)
+    board.flush()
+
+
+def compile_step(step_fn, signature: list, batches: Iterator[tuple], loop: LoopConfig) -> tuple[Callable, Iterator]:
+    """``(compiled step, batches)``: a traced Keras step, or the TPU program's driver (look-ahead)."""
+    if loop.embedding_backend is EmbeddingBackend.KERAS:
+        return tf.function(step_fn.__call__, input_signature=signature, autograph=False), batches
+    from tfdp_sparse.layers.tpu.train_step import loop_driver
+
+    return loop_driver(step_fn, signature, batches)
+
+
+@dataclasses.dataclass
+class StepStats:
+    """Timings and gradient sizes of the executed steps."""
+
+    step_times: list = dataclasses.field(default_factory=list)
+    values: list = dataclasses.field(default_factory=list)
+    examples: int = 0
+    steady_examples: int = 0
+    steady_time: float = 0.0
+    elapsed: float = 0.0
+
+    @property
+    def examples_per_sec(self) -> float:
+        """Throughput after the first (tracing) step, or overall if only one step ran."""
+        if self.steady_time > 0:
+            return self.steady_examples / self.steady_time
+        return self.examples / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def step_ms(self) -> float:
+        """Median step time without the first (tracing) step; 0.0 when no step ran."""
+        timed = self.step_times[1:] if len(self.step_times) > 1 else self.step_times
+        return 1000 * float(np.median(timed)) if timed else 0.0
+
+    @property
+    def mean_embedding_values(self) -> float:
+        """Mean embedding-gradient values applied per step (the "gradient size")."""
+        return float(np.mean(self.values)) if self.values else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepAccounting:
+    """What one executed step charges, and how ε is reported along the way."""
+
+    event: Optional[dp_accounting.DpEvent]
+    not_private: Optional[str]
+    delta: float
+    accountant: str
+
+    def charge(self, ledger: accounting.PrivacyLedger) -> None:
+        """Records one executed step."""
+        if self.event is not None:
+            ledger.record_step(self.event)
+        else:
+            ledger.record_not_private(self.not_private, 1)
+
+
+def run_steps(compiled: Callable, batches: Iterator[tuple], start: int, planned: int,
+              ledger: accounting.PrivacyLedger, charge: StepAccounting, loop: LoopConfig,
+              board: Optional[tensorboard.TrainingLog], checkpoint: RunCheckpoint) -> StepStats:
+    """Runs steps ``start .. planned-1``; charges each one that returned, logs, checkpoints."""
+    stats = StepStats()
+    t_start = time.perf_counter()
+    for step, batch_size, x, y in batches:
+        t0 = time.perf_counter()
+        metrics = compiled(x, y)
+        loss = float(metrics["loss"])  # synchronises the step
+        dt = time.perf_counter() - t0
+        charge.charge(ledger)
+        stats.step_times.append(dt)
+        if step > start:  # the first step traces the graph
+            stats.steady_examples += batch_size
+            stats.steady_time += dt
+        stats.values.append(int(metrics["embedding_values"]))
+        stats.examples += batch_size
+        done = step + 1
+        if board is not None:
+            board.record_step(done, loss, float(metrics["clipped_fraction"]), stats.values[-1], 1000 * dt)
+        if done % loop.log_every == 0 or done == planned:
+            _progress(done, start, planned, loss, stats.examples, time.perf_counter() - t_start, ledger, charge,
+                      loop, board)
+        if checkpoint.enabled and done % loop.checkpoint_every == 0 and done < planned:
+            checkpoint.save(ledger)
+    stats.elapsed = time.perf_counter() - t_start
+    return stats
+
+
+def _progress(done: int, start: int, planned: int, loss: float, examples: int, elapsed: float,
+              ledger: accounting.PrivacyLedger, charge: StepAccounting, loop: LoopConfig,
+              board: Optional[tensorboard.TrainingLog]) -> None:
+    """One progress line (with ε at every tenth line, the last one, or every line with TensorBoard)."""
+    rate = examples / max(elapsed, 1e-9)
+    eta = (planned - done) * elapsed / max(done - start, 1)
+    spent = None  # a PLD epsilon is slow: at progress points only
+    due = done == planned or done % (loop.log_every * 10) == 0 or board is not None
+    if charge.event is not None and ledger.is_private and due:
+        spent = ledger.epsilon(charge.delta, charge.accountant)
+    eps_text = "" if spent is None else f" epsilon={spent:.4g}"
+    log.info("step %d/%d loss=%.4f %.0f examples/s eta %.0fs%s", done, planned, loss, rate, eta, eps_text)
+    _flush_board(board, done, spent)

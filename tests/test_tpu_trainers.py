@@ -45,7 +45,8 @@ PRIVACY = {
 
 def _run(algorithm: str, backend: EmbeddingBackend, steps: int = 4) -> tp.PctrRun:
     loop = loop_lib.LoopConfig(batch_size=32, steps=steps, learning_rate=0.5, seed=0, log_every=10, noise_seed=3,
-                               calibrate_noise=False, embedding_backend=backend)
+                               calibrate_noise=False,
+                               performance=loop_lib.PerformanceFlags(embedding_backend=backend))
     data = tp.DataConfig(num_examples=300, num_eval_examples=200, vocab_scale=0.005, seed=0)
     return tp.PctrRun(privacy=PRIVACY[algorithm], loop=loop, data=data, hidden=(8,))
 
@@ -54,7 +55,7 @@ def test_flag_is_mapped_to_the_enum():
     fv = flags.FlagValues()
     tp.define_flags(fv)
     fv(["train_pctr", "--embedding_backend=tpu_emulator", "--steps=2", "--noise_multiplier=1.0"])
-    assert tp.run_from_flags(fv).loop.embedding_backend is EmbeddingBackend.TPU_EMULATOR
+    assert tp.run_from_flags(fv).loop.performance.embedding_backend is EmbeddingBackend.TPU_EMULATOR
     fv = flags.FlagValues()
     tp.define_flags(fv)
     with pytest.raises(flags.IllegalFlagValueError):
@@ -92,7 +93,7 @@ def test_dual_encoder_trains_on_the_emulator(negatives):
         return tde.DualEncoderRun(
             privacy=PrivacyConfig(algorithm="eana", noise_multiplier=1.0),
             loop=loop_lib.LoopConfig(batch_size=16, steps=3, learning_rate=1.0, calibrate_noise=False, noise_seed=2,
-                                     embedding_backend=backend),
+                                     performance=loop_lib.PerformanceFlags(embedding_backend=backend)),
             data=tde.DataConfig(num_users=100, num_movies=60, num_examples=200, num_eval_examples=50,
                                 context_length=4),
             model=de.DualEncoderConfig(num_rows=2, context_length=4, dim=4, negatives=negatives, num_negatives=8),

@@ -68,7 +68,7 @@ from trainers import tensorboard
 from trainers.lib import steps as steps_lib
 from trainers.lib.budget import plan_steps
 from trainers.lib.checkpoints import RunCheckpoint, find_saved_run, run_identity
-from trainers.lib.config import LoopConfig, PreTrainingRelease
+from trainers.lib.config import LoopConfig, PerformanceFlags, PreTrainingRelease
 from trainers.lib.prepare import (
     Features,
     build_optimizer,
@@ -89,7 +89,7 @@ from trainers.lib.privacy import (
 from trainers.lib.result import TrainResult, finish
 
 __all__ = [
-    "BatchSampler", "LoopConfig", "PreTrainingRelease", "TrainResult", "accounting_delta", "calibrate",
+    "BatchSampler", "LoopConfig", "PerformanceFlags", "PreTrainingRelease", "TrainResult", "accounting_delta", "calibrate",
     "charged_before_steps", "check_accountant", "make_dense_optimizer", "train_privately",
 ]
 
@@ -138,7 +138,7 @@ def train_privately(
         (streaming periods, :mod:`trainers.periods`). Its step event must be
         the one ``privacy`` describes; not with ``loop.model_dir``.
       tpu_split: ``model -> ModelSplit`` (:mod:`tfdp_sparse.layers.tpu.model_split`),
-        required when ``loop.embedding_backend`` is not ``KERAS``.
+        required when ``loop.performance.embedding_backend`` is not ``KERAS``.
 
     Raises:
       ValueError: bad settings, a ``model_dir`` holding a run with other

@@ -331,7 +331,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
         noise_seed=fv.noise_seed, model_dir=fv.model_dir, checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
         dense_optimizer=fv.dense_optimizer, dense_learning_rate=fv.dense_learning_rate,
         calibrate_noise=fv.noise_multiplier is None, tensorboard_dir=fv.tensorboard_dir,
-        embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend),
+        performance=loop_lib.PerformanceFlags(embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend)),
     )
     data = DataConfig(
         source=fv.data, movies=fv.movies, max_bad_fraction=fv.max_bad_fraction, num_users=fv.num_users,

@@ -633,12 +633,12 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         model_dir=fv.model_dir,
         checkpoint_every=fv.checkpoint_every,
         log_every=fv.log_every,
-        jit_compile=fv.jit_compile,
         dense_optimizer=fv.dense_optimizer,
         dense_learning_rate=fv.dense_learning_rate,
         calibrate_noise=fv.noise_multiplier is None,
         tensorboard_dir=fv.tensorboard_dir,
-        embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend),
+        performance=loop_lib.PerformanceFlags(
+            jit_compile=fv.jit_compile, embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend)),
     )
     try:
         hidden = tuple(int(h) for h in fv.hidden)

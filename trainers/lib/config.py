@@ -11,6 +11,22 @@ from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
 
 
 @dataclasses.dataclass(frozen=True)
+class PerformanceFlags:
+    """How fast a run goes, never what it guarantees (kept apart from the privacy settings).
+
+    Attributes:
+      jit_compile: compile the Keras step with XLA.
+      embedding_backend: where the tables live: Keras variables (default),
+        the TPU program on the exact CPU emulator, or a TPU
+        (:mod:`tfdp_sparse.layers.tpu`; needs ``train_privately(tpu_split=...)``).
+        Every backend applies the same mechanism through the same contract.
+    """
+
+    jit_compile: bool = False
+    embedding_backend: EmbeddingBackend = EmbeddingBackend.KERAS
+
+
+@dataclasses.dataclass(frozen=True)
 class LoopConfig:
     """Settings of a training run that do not change its privacy guarantee.
 
@@ -38,15 +54,13 @@ class LoopConfig:
     model_dir: Optional[str] = None
     checkpoint_every: int = 1000
     log_every: int = 100
-    jit_compile: bool = False
     dense_optimizer: str = "sgd"
     dense_learning_rate: Optional[float] = None
     calibrate_noise: bool = True
     noise_seed: Optional[int] = None
     tensorboard_dir: Optional[str] = None
-    #: where the tables live (a speed setting): Keras variables, or the TPU program on the
-    #: emulator / a TPU (:mod:`tfdp_sparse.layers.tpu`; needs ``train_privately(tpu_split=...)``).
-    embedding_backend: EmbeddingBackend = EmbeddingBackend.KERAS
+    #: speed settings only (XLA, where tables live): they cannot change the guarantee.
+    performance: PerformanceFlags = PerformanceFlags()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,16 +54,16 @@ def sampled_batches(sampler: BatchSampler, gather: Callable, start: int, stop: i
 
 def make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_split: Optional[Callable]):
     """``PrivateStep`` for the Keras backend, else the TPU program (:mod:`tfdp_sparse.layers.tpu`)."""
-    if loop.embedding_backend is EmbeddingBackend.KERAS:
-        return PrivateStep(model, loss_fn, optimizer, jit_compile=loop.jit_compile)
+    if loop.performance.embedding_backend is EmbeddingBackend.KERAS:
+        return PrivateStep(model, loss_fn, optimizer, jit_compile=loop.performance.jit_compile)
     if tpu_split is None:
-        raise ValueError(f"embedding_backend={loop.embedding_backend.value} needs the trainer's tpu_split "
+        raise ValueError(f"embedding_backend={loop.performance.embedding_backend.value} needs the trainer's tpu_split "
                          "(how to cut the model at its lookups); this trainer gives none")
-    if loop.jit_compile:
+    if loop.performance.jit_compile:
         raise ValueError("jit_compile is not supported with the TPU embedding program on CPU")
     from tfdp_sparse.layers.tpu.train_step import make_train_step
 
-    return make_train_step(model, tpu_split, loss_fn, optimizer, loop.embedding_backend, loop.batch_size)
+    return make_train_step(model, tpu_split, loss_fn, optimizer, loop.performance.embedding_backend, loop.batch_size)
 
 
 def _flush_board(board: Optional[tensorboard.TrainingLog], step: int, epsilon: Optional[float]) -> None:
@@ -77,7 +77,7 @@ def _flush_board(board: Optional[tensorboard.TrainingLog], step: int, epsilon: O
 
 def compile_step(step_fn, signature: list, batches: Iterator[tuple], loop: LoopConfig) -> tuple[Callable, Iterator]:
     """``(compiled step, batches)``: a traced Keras step, or the TPU program's driver (look-ahead)."""
-    if loop.embedding_backend is EmbeddingBackend.KERAS:
+    if loop.performance.embedding_backend is EmbeddingBackend.KERAS:
         return tf.function(step_fn.__call__, input_signature=signature, autograph=False), batches
     from tfdp_sparse.layers.tpu.train_step import loop_driver
 

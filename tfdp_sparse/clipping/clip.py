@@ -49,6 +49,7 @@ from tfdp_sparse.clipping.coverage import (
     check_table_reads,
 )
 from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, Tap
+from tfdp_sparse.tables import table_parts, variable_key
 
 __all__ = ["ClippedGradients", "UnsupportedLayerError", "clip_gradients", "validate_clip_norm"]
 
@@ -108,19 +109,19 @@ def clip_gradients(
     _check_loss(per_example_loss)
     if clip_norm is not None:
         check_layers_covered(recorded)
-    keys = [_ref(v) for v in variables]
+    keys = [variable_key(v) for v in variables]
     table_taps, dense_taps = _group_taps(recorded, set(keys))
     covered = set(table_taps) | set(dense_taps)
     covered |= {t[0].bias.ref() for t in dense_taps.values() if t[0].bias is not None}
-    uncovered = [v for v in variables if _ref(v) not in covered]
+    uncovered = [v for v in variables if variable_key(v) not in covered]
     tables = [group[0].table for group in table_taps.values()]
-    table_parts = [_parts(t) for t in tables]
+    parts_per_table = [table_parts(t) for t in tables]
 
     flat_taps = [t for group in list(table_taps.values()) + list(dense_taps.values()) for t in group]
     sources = [t.rows if isinstance(t, EmbeddingTap) else t.preactivation for t in flat_taps]
     all_grads = tape.gradient(
         per_example_loss,
-        sources + uncovered + [p for parts in table_parts for p in parts],
+        sources + uncovered + [p for parts in parts_per_table for p in parts],
         unconnected_gradients=tf.UnconnectedGradients.NONE,
     )
     tap_grads = dict(zip([id(t) for t in flat_taps], all_grads[: len(sources)]))
@@ -134,7 +135,7 @@ def clip_gradients(
 
     groups = _live_groups(table_taps, dense_taps, tap_grads)
     live_tables = {key: t for kind, key, t, _ in groups if kind == "table"}
-    table_grads = _join_parts(all_grads[len(sources) + len(uncovered) :], table_parts)
+    table_grads = _join_parts(all_grads[len(sources) + len(uncovered) :], parts_per_table)
     checks = [
         check_table_reads(group[0].table, live_tables.get(key, []), [t.owner for t in group], direct)
         for (key, group), direct in zip(table_taps.items(), table_grads)
@@ -143,21 +144,7 @@ def clip_gradients(
         return _clip_groups(per_example_loss, groups, keys, table_taps, clip_norm)
 
 
-def _ref(variable) -> object:
-    """Hashable key of a variable; a sharded table (``ShardedVariable``) is keyed by its shards."""
-    if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
-        return tuple(shard.ref() for shard in variable.variables)
-    return variable.ref()
-
-
-def _parts(table) -> list:
-    """The variables the tape sees for ``table``: its shards, or the table itself."""
-    if isinstance(table, tf.__internal__.distribute.ShardedVariable):
-        return list(table.variables)
-    return [table]
-
-
-def _join_parts(grads: Sequence[Gradient], table_parts: Sequence[list]) -> list:
+def _join_parts(grads: Sequence[Gradient], parts_per_table: Sequence[list]) -> list:
     """One gradient per table: shard gradients (local rows) joined into global-row ``IndexedSlices``.
 
     Example: shards of 3 and 2 rows with slices at local rows ``[1]`` and
@@ -166,7 +153,7 @@ def _join_parts(grads: Sequence[Gradient], table_parts: Sequence[list]) -> list:
     still refuses it.
     """
     out, start = [], 0
-    for parts in table_parts:
+    for parts in parts_per_table:
         pieces = grads[start : start + len(parts)]
         start += len(parts)
         if len(parts) == 1 or all(g is None for g in pieces):
@@ -201,8 +188,8 @@ def _group_taps(recorded: Sequence[Tap], wanted: set) -> tuple[dict, dict]:
     table_taps: dict = {}
     dense_taps: dict = {}
     for tap in recorded:
-        if isinstance(tap, EmbeddingTap) and _ref(tap.table) in wanted:
-            table_taps.setdefault(_ref(tap.table), []).append(tap)
+        if isinstance(tap, EmbeddingTap) and variable_key(tap.table) in wanted:
+            table_taps.setdefault(variable_key(tap.table), []).append(tap)
         elif isinstance(tap, DenseTap) and tap.kernel.ref() in wanted:
             dense_taps.setdefault(tap.kernel.ref(), []).append(tap)
     return table_taps, dense_taps

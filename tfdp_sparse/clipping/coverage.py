@@ -40,6 +40,7 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, LayerTap, Tap
+from tfdp_sparse.tables import table_parts
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
 
@@ -69,8 +70,7 @@ def covered_variables(recorded: Sequence[Tap]) -> set:
     covered = set()
     for tap in recorded:
         if isinstance(tap, EmbeddingTap):
-            sharded = isinstance(tap.table, tf.__internal__.distribute.ShardedVariable)
-            covered.update(v.ref() for v in (tap.table.variables if sharded else [tap.table]))
+            covered.update(v.ref() for v in table_parts(tap.table))
         elif isinstance(tap, DenseTap):
             covered.add(tap.kernel.ref())
             if tap.bias is not None:

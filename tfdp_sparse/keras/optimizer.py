@@ -43,6 +43,7 @@ from tfdp_sparse.clipping.clip import clip_gradients
 from tfdp_sparse.clipping.registry import LayerRegistry, attach_taps, unattached_layers
 from tfdp_sparse.clipping.taps import TapRecorder
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.tables import table_refs, variable_key
 
 _REFUSED_KWARGS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
 
@@ -194,12 +195,8 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             return
         self.build(variables)
         if self.dense_optimizer is not None:
-            tables = {
-                layer.embeddings.ref()
-                for layer in model.submodules
-                if isinstance(getattr(layer, "embeddings", None), tf.Variable)
-            }
-            self.dense_optimizer.build([v for v in variables if v.ref() not in tables])
+            tables = {ref.key for ref in table_refs(model)}
+            self.dense_optimizer.build([v for v in variables if variable_key(v) not in tables])
 
     def private_step(self, per_example_loss: tf.Tensor, var_list, tape: tf.GradientTape) -> tf.Operation:
         """Clip, noise and apply one step (the body of ``minimize``)."""

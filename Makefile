@@ -29,10 +29,12 @@ demo: setup
 	$(PY) -m trainers.train_pctr --flagfile=configs/demo_private.cfg --metrics_out=$(OUT)/private.json --export_dir=$(OUT)/saved_model
 	$(PY) -m trainers.report $(OUT)/sgd.json $(OUT)/private.json
 
-# The main suite, then tests/distributed in its own process (clusters, logical devices).
+# tests/distributed in processes of their own (logical devices; parameter-server clusters inside a
+# loopback-only network namespace, since tf.distribute.Server binds 0.0.0.0), then the main suite.
 test: setup
+	TFDP_DISTRIBUTED_TESTS=1 $(PY) -m pytest -q tests/distributed --ignore=tests/distributed/ps
+	TFDP_DISTRIBUTED_TESTS=1 unshare -rn sh -c 'ip link set lo up && exec $(PY) -m pytest -q tests/distributed/ps'
 	$(PY) -m pytest -q
-	TFDP_DISTRIBUTED_TESTS=1 $(PY) -m pytest -q tests/distributed
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

@@ -1,0 +1,122 @@
+"""``DPOptimizer`` for sharded tables, and DP-SGD with its noise made on the parameter servers.
+
+:class:`ShardedDPOptimizer` is a :class:`~tfdp_sparse.keras.DPOptimizer`
+that (1) hands clipping and the mechanism each sharded table as one
+``[V, d]`` variable with global row ids (Keras lists its shards), and (2)
+splits each table gradient into its shards right before the SGD update
+(:func:`tfdp_sparse.distribute.shards.split_gradient`), so an
+``IndexedSlices`` update ships only the touched rows to each server.
+
+:class:`ServerNoiseDPSGD` is DP-SGD (Abadi et al. 2016) whose table noise is
+drawn *on each server*, inside the update placed on its shard: the worker
+sends the sparse clipped gradient plus a 128-bit key per shard; the server
+draws ``N(0, sigma^2 C^2)`` for all its rows from a stateless Philox stream
+under that key. The key comes from the mechanism's generator, whose state
+lives on a server and advances atomically per draw, so keys (and noise)
+never repeat across workers or retries. The distribution of the update is
+exactly DP-SGD's; the wire cost is sparse but each server still does
+O(rows) work per step (which LazyDP removes).
+
+Example::
+
+    with strategy.scope():
+        mech = ServerNoiseDPSGD(noise_multiplier=1.0, l2_norm_clip=1.0)
+        opt = ShardedDPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)
+        opt.attach(model)
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from tfdp_sparse.distribute.shards import is_sharded, logical_variables, sharded_tables, split_gradient
+from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.mechanisms.base import Gradient, NoisedGradients, StepGrads, sum_duplicates
+from tfdp_sparse.mechanisms.dpsgd import DPSGD, noise_dense
+
+
+class ServerNoiseDPSGD(DPSGD):
+    """DP-SGD whose table noise is added on the servers by :class:`ShardedDPOptimizer`.
+
+    ``apply`` noises dense variables as DP-SGD does and leaves table
+    gradients sparse (duplicates summed); the optimizer adds the table
+    noise on each shard. It refuses any other optimizer (the noise would be
+    missing).
+    """
+
+    def describe(self) -> dict:
+        return {**super().describe(), "table_noise": "server"}
+
+    def check_optimizer(self, optimizer) -> None:
+        if not isinstance(optimizer, ShardedDPOptimizer):
+            raise TypeError(
+                f"ServerNoiseDPSGD needs tfdp_sparse.distribute.ShardedDPOptimizer (which adds the table noise "
+                f"on the servers), got {type(optimizer).__name__}: with another optimizer tables get no noise"
+            )
+
+    def apply(self, step: StepGrads) -> NoisedGradients:
+        stddev = self.noise_multiplier * self.l2_norm_clip
+        out: list[Gradient] = []
+        count = tf.constant(0, tf.int64)
+        for grad, var, table in step.entries():
+            if not table:
+                out.append(noise_dense(self, grad, var, stddev))
+                continue
+            count += int(var.shape.num_elements())
+            if isinstance(grad, tf.IndexedSlices):
+                ids, rows = sum_duplicates(grad)
+                grad = tf.IndexedSlices(rows, tf.cast(ids, tf.int64), grad.dense_shape)
+            out.append(grad)
+        return NoisedGradients(out, count)
+
+    def shard_noise(self, shard: tf.Variable, seed: tf.Tensor) -> tf.Tensor:
+        """``N(0, sigma^2 C^2)`` of the shard's shape from the stateless stream ``seed`` ([2] int64)."""
+        stddev = self.noise_multiplier * self.l2_norm_clip
+        return tf.random.stateless_normal(shard.shape, seed=seed, stddev=stddev, alg="philox")
+
+
+class ShardedDPOptimizer(DPOptimizer):
+    """A ``DPOptimizer`` that trains ``ShardedVariable`` tables as whole tables (see module doc).
+
+    :meth:`attach` (required before the first step, as for ``DPOptimizer``)
+    also records the model's sharded tables.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._sharded: list = []
+
+    def attach(self, model: tf.keras.Model, registry=None):
+        """``DPOptimizer.attach`` plus the model's sharded tables (build the model under the strategy first)."""
+        recorder = super().attach(model, registry)
+        self._sharded = sharded_tables(model)
+        return recorder
+
+    def private_step(self, per_example_loss, var_list, tape):
+        var_list = list(var_list() if callable(var_list) else var_list)
+        return super().private_step(per_example_loss, logical_variables(var_list, self._sharded), tape)
+
+    def apply_gradients(self, grads_and_vars, name: Optional[str] = None, **kwargs):
+        pairs = list(grads_and_vars)
+        server_noise = isinstance(self.mechanism, ServerNoiseDPSGD)
+        noise_ops, flat = [], []
+        for grad, var in pairs:
+            shards = var.variables if is_sharded(var) else [var]
+            parts = split_gradient(grad, var) if is_sharded(var) else [grad]
+            if server_noise and isinstance(grad, tf.IndexedSlices):
+                noise_ops += self._server_noise(shards)
+            flat += [(g, s) for g, s in zip(parts, shards) if g is not None]
+        with tf.control_dependencies(noise_ops):
+            return super().apply_gradients(flat, name=name, **kwargs)
+
+    def _server_noise(self, shards: Sequence[tf.Variable]) -> list:
+        """``shard -= lr / B * noise``, each drawn and applied on the shard's own device."""
+        seeds = self.mechanism.rng.make_seeds(len(shards))  # [2, P], from the server-held generator
+        factor = tf.cast(self.learning_rate, tf.float32) / float(self.expected_batch_size)
+        ops = []
+        for k, shard in enumerate(shards):
+            with tf.device(shard.device):
+                ops.append(shard.assign_sub(factor * self.mechanism.shard_noise(shard, seeds[:, k])))
+        return ops

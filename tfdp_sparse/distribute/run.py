@@ -1,0 +1,122 @@
+"""One private training run on a parameter-server cluster, for the trainers' ``--cluster`` flag.
+
+:func:`train_on_cluster` gets a cluster (``local_ps:W,P``: a
+:class:`~tfdp_sparse.distribute.cluster.LocalCluster`, this process as
+chief; ``TF_CONFIG``: join the cluster it describes), builds the model and
+the mechanism under ``ParameterServerStrategy`` (tables sharded over the
+servers), runs ``steps`` coordinator-scheduled private steps
+(:class:`~tfdp_sparse.distribute.training.ClusterTrainer`: Poisson batches by
+index, the ledger charged per *executed* step), applies any deferred noise
+(LazyDP ``flush``) and copies the weights into a model built on this machine
+for evaluation and export.
+
+Example::
+
+    result = train_on_cluster(ClusterRun(parse_cluster_flag("local_ps:1,2"), steps=100,
+                                         batch_size=256, learning_rate=0.1),
+                              build_model, loss_fn, features, labels, PrivacyConfig(algorithm="eana"),
+                              delta=1e-6)
+    result.model            # a local tf.keras.Model with the trained weights
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from tfdp_sparse.accounting.ledger import PrivacyLedger
+from tfdp_sparse.config import PrivacyConfig
+from tfdp_sparse.distribute.cluster import ClusterKind, ClusterRequest, LocalCluster, tf_config_resolver
+from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
+from tfdp_sparse.distribute.strategy import fixed_shape_variables, make_strategy
+from tfdp_sparse.distribute.training import ClusterTrainer, IndexedExamples
+from tfdp_sparse.mechanisms import build
+from tfdp_sparse.noise_source import NoiseSource
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterRun:
+    """Settings of a cluster run (``min_rows``: tables with at least this many rows are sharded)."""
+
+    request: ClusterRequest
+    steps: int
+    batch_size: int
+    learning_rate: float
+    min_rows: int = 1024
+    noise_seed: Optional[int] = None
+
+
+@dataclasses.dataclass
+class ClusterResult:
+    """What a cluster run did: the trained local model, executed steps, ε and timing."""
+
+    model: tf.keras.Model
+    scheduled_steps: int
+    executed_steps: int
+    epsilon: Optional[float]
+    not_private_reason: Optional[str]
+    step_ms: float
+    ledger: PrivacyLedger
+    workers: int
+    servers: int
+
+
+@contextlib.contextmanager
+def _cluster(request: ClusterRequest):
+    """``(resolver, workers, servers)``; a local cluster's processes are ended by PID on exit."""
+    if request.kind is ClusterKind.LOCAL:
+        with LocalCluster(request.workers, request.servers) as local:
+            yield local.resolver(), request.workers, request.servers
+        return
+    resolver = tf_config_resolver()
+    spec = resolver.cluster_spec().as_dict()
+    yield resolver, len(spec["worker"]), len(spec["ps"])
+
+
+def copy_to_local(source: tf.keras.Model, target: tf.keras.Model) -> None:
+    """Layer by layer ``target.set_weights(source.get_weights())`` (sharded tables read whole, hooks run)."""
+    for src, dst in zip(source.layers, target.layers):
+        if src.weights:
+            dst.set_weights(src.get_weights())
+
+
+def train_on_cluster(run: ClusterRun, build_model: Callable[[], tf.keras.Model], loss_fn: Callable,
+                     features, labels, privacy: PrivacyConfig, delta: float) -> ClusterResult:
+    """Trains on the cluster of ``run.request`` (see module doc); returns a :class:`ClusterResult`."""
+    data = IndexedExamples(features, labels)
+    rate = run.batch_size / data.size
+    with _cluster(run.request) as (resolver, workers, servers):
+        strategy, coordinator = make_strategy(resolver, num_servers=servers, min_rows=run.min_rows)
+        with strategy.scope(), fixed_shape_variables(run.steps + 8 * workers + 16):
+            model = build_model()
+            mechanism = build(privacy, seed=run.noise_seed)
+            optimizer = ShardedDPOptimizer(mechanism, learning_rate=run.learning_rate,
+                                           expected_batch_size=run.batch_size)
+        if mechanism.needs_private_selection:
+            raise ValueError(f"{mechanism.name} with private selection from training counts is not supported with "
+                             "--cluster yet: give it a public kept set (kept_ids or frequency_file)")
+        trainer = ClusterTrainer(strategy, coordinator, model, loss_fn, optimizer, data, rate,
+                                 noise_source=NoiseSource(run.noise_seed))
+        mechanism.bind_model(model)
+        start = time.perf_counter()
+        trainer.schedule(run.steps)
+        trainer.join()
+        elapsed = time.perf_counter() - start
+        ledger = PrivacyLedger()
+        setup = mechanism.setup_event()
+        if setup is not None:
+            ledger.record(setup)
+        trainer.record_executed(ledger)
+        mechanism.flush()
+        local = build_model()
+        copy_to_local(model, local)
+        executed = trainer.executed_steps()
+    reason = mechanism.not_private_reason()
+    epsilon = None if reason is not None else ledger.epsilon(delta, privacy.accountant)
+    return ClusterResult(model=local, scheduled_steps=run.steps, executed_steps=executed, epsilon=epsilon,
+                         not_private_reason=reason, step_ms=1000.0 * elapsed / max(run.steps, 1), ledger=ledger,
+                         workers=workers, servers=servers)

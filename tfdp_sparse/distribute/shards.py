@@ -1,0 +1,107 @@
+"""The one place where global row ids become shard-local ones.
+
+A sharded table (``tf.distribute.ShardedVariable``, row blocks: shard ``k``
+holds rows ``[offset_k, offset_k + rows_k)``) is seen by clipping and by the
+mechanisms as one ``[V, d]`` variable with global row ids; just before the
+update is applied, :func:`split_gradient` cuts each gradient into the
+shards' local pieces. Only rows present in an ``IndexedSlices`` cross the
+wire to the server holding them; a dense ``[V, d]`` gradient (DP-SGD noise
+made on the worker) ships every shard whole.
+
+Example::
+
+    table = ShardedVariable([tf.Variable(tf.zeros([3, 2])), tf.Variable(tf.zeros([2, 2]))])
+    parts = split_gradient(tf.IndexedSlices(tf.ones([2, 2]), tf.constant([4, 1])), table)
+    # parts[0]: rows [1] (global 1), parts[1]: rows [1] (global 4)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+
+from tfdp_sparse.layers.embedding import DPEmbedding
+
+ShardedVariable = tf.__internal__.distribute.ShardedVariable
+Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
+
+
+def is_sharded(variable) -> bool:
+    """True for a ``ShardedVariable`` (a table split over parameter servers)."""
+    return isinstance(variable, ShardedVariable)
+
+
+def shard_offsets(table: ShardedVariable) -> np.ndarray:
+    """First global row of each shard plus ``V`` at the end, e.g. ``[0, 3, 5]``."""
+    rows = [int(shard.shape[0]) for shard in table.variables]
+    return np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+
+
+def split_gradient(grad: Gradient, table: ShardedVariable) -> list:
+    """Per-shard gradients (local row ids) of a gradient of the whole ``[V, d]`` table.
+
+    ``IndexedSlices`` -> one ``IndexedSlices`` per shard holding only its
+    rows; a dense tensor -> row blocks; ``None`` -> ``None`` per shard.
+    """
+    shards = table.variables
+    if grad is None:
+        return [None] * len(shards)
+    offsets = shard_offsets(table)
+    if not isinstance(grad, tf.IndexedSlices):
+        return tf.split(grad, np.diff(offsets).tolist(), axis=0)
+    ids = tf.cast(grad.indices, tf.int64)
+    shard_of = tf.searchsorted(tf.constant(offsets[1:]), ids, side="right")
+    values = tf.dynamic_partition(grad.values, tf.cast(shard_of, tf.int32), len(shards))
+    local = tf.dynamic_partition(ids - tf.gather(tf.constant(offsets), shard_of), tf.cast(shard_of, tf.int32), len(shards))
+    return [
+        tf.IndexedSlices(v, i, tf.constant(shard.shape.as_list(), tf.int64))
+        for v, i, shard in zip(values, local, shards)
+    ]
+
+
+def logical_variables(var_list: Sequence, tables: Sequence) -> list:
+    """``var_list`` with each sharded table's shards replaced by the table (once, at the first shard).
+
+    Keras lists a sharded table's shards as separate trainable variables;
+    clipping and the mechanisms need the table itself (global row ids).
+    Raises ``ValueError`` if only some shards of a table are listed.
+
+    Example: ``[kernel, table/part_0, table/part_1]`` -> ``[kernel, table]``.
+    """
+    owner = {}
+    for table in tables:
+        for shard in table.variables:
+            owner[shard.ref()] = table
+    out, seen, counts = [], set(), {}
+    for v in var_list:
+        table = owner.get(v.ref()) if not is_sharded(v) else None
+        if table is None:
+            out.append(v)
+            continue
+        counts[id(table)] = counts.get(id(table), 0) + 1
+        if id(table) not in seen:
+            seen.add(id(table))
+            out.append(table)
+    for table in tables:
+        listed = counts.get(id(table), 0)
+        if listed not in (0, len(table.variables)):
+            raise ValueError(
+                f"var_list holds {listed} of the {len(table.variables)} shards of table {table.name!r}: a "
+                "sharded table trains as a whole (pass all its shards or none)"
+            )
+    return out
+
+
+def sharded_tables(model: tf.Module) -> list:
+    """Every ``ShardedVariable`` a model's layers hold as ``embeddings`` (each once)."""
+    found, seen = [], set()
+    for layer in [model] + list(model.submodules):
+        if not isinstance(layer, (DPEmbedding, tf.keras.layers.Embedding)) or not layer.built:
+            continue
+        table = layer.embeddings
+        if is_sharded(table) and id(table) not in seen:
+            seen.add(id(table))
+            found.append(table)
+    return found

@@ -1,0 +1,174 @@
+"""Coordinator-mode private training: server-side step counter, Poisson batches by index, ledger of executions.
+
+The chief schedules closures with ``ClusterCoordinator.schedule``; each
+closure runs on whichever worker is free and
+
+1. increments the *execution counter*, a variable on a parameter server
+   (``assign_add`` is atomic there), so every executed closure -- including
+   a closure the coordinator retries after a worker failure -- is one step;
+2. draws its batch: every example of the whole data set ``[0, N)`` joins
+   independently with probability ``q`` (Poisson sampling, Abadi et al.
+   2016 §3.1), from a stateless uniform stream keyed by a seed taken from a
+   generator whose state lives on a server. Each draw advances that state
+   atomically, so two executions never share a batch or noise key, even
+   with a global seed set and several workers; the worker then reads its
+   examples by index;
+3. runs the private step (clip, mechanism, SGD on the sharded tables).
+
+The noise of every mechanism comes from the mechanism's own generator,
+also held on a server (created under ``strategy.scope()``): draws are
+colocated with the state and never repeat across workers.
+
+The accountant lives on the chief and counts *executions*, not schedules:
+:meth:`ClusterTrainer.record_executed` charges one ``step_event(q)`` per
+increment of the server counter since the last call. A closure whose
+worker died after incrementing the counter is charged even if its update
+was lost (conservative); its retry is a new execution with a fresh batch
+and fresh noise, charged again.
+
+LazyDP runs one step at a time. Its deferred noise is indexed by
+``optimizer.iterations`` (per-row "noised up to step k" and a per-step
+learning-rate sum); two concurrent steps read the same ``k``, write the
+same entry and lose a step's noise (seen here: after three concurrent
+steps on two workers a flush applied no noise at all). So
+:class:`ClusterTrainer` joins after every LazyDP step (workers take turns);
+the other mechanisms keep no per-step state and run concurrently.
+
+Staleness. Workers run asynchronously: a step may read parameters that
+other steps update before its own update lands. This does not weaken the
+guarantee: each step's output is a Gaussian mechanism applied to a
+Poisson-sampled batch, with a sensitivity bounded by clipping whatever
+parameters it was computed from; the parameters it read are themselves
+outputs of earlier steps, i.e. the steps compose adaptively, and the
+RDP/PLD composition used by the accountant is valid for adaptive
+composition (Mironov 2017, Prop. 1). Only the *number* of executed steps
+matters, which is what the ledger counts.
+
+Example::
+
+    trainer = ClusterTrainer(strategy, coordinator, model, loss_fn, optimizer,
+                             IndexedExamples(features, labels), sampling_probability=0.01)
+    trainer.schedule(100); trainer.join()
+    trainer.record_executed(ledger)        # ledger.steps == executed steps
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from tfdp_sparse.accounting.ledger import PrivacyLedger
+from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
+from tfdp_sparse.mechanisms.lazydp import LazyDP
+from tfdp_sparse.noise_source import NoiseSource
+
+#: Stream of the batch-seed generator in :meth:`NoiseSource.tf_generator`.
+BATCH_STREAM = 29
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexedExamples:
+    """The training set indexed by example: ``features`` (an array ``[N, ...]`` or a dict of them) and ``labels``."""
+
+    features: object
+    labels: object
+
+    @property
+    def size(self) -> int:
+        return int(self.labels.shape[0])
+
+
+def poisson_batch_indices(seed: tf.Tensor, num_examples: int, rate: float) -> tf.Tensor:
+    """Indices (sorted, int64) of examples that each join with probability ``rate``, from stream ``seed``.
+
+    O(N) uniform draws on the worker. Example: ``poisson_batch_indices(seed, 1000, 0.01)`` has
+    about 10 entries.
+    """
+    draws = tf.random.stateless_uniform([num_examples], seed=seed, alg="philox")
+    return tf.where(draws < rate)[:, 0]
+
+
+class ClusterTrainer:
+    """Schedules private steps on a ``ParameterServerStrategy`` cluster (see module doc).
+
+    Args:
+      strategy, coordinator: from :func:`tfdp_sparse.distribute.strategy.make_strategy`.
+      model: built under ``strategy.scope()`` (tables sharded).
+      loss_fn: ``loss_fn(labels, predictions) -> [B]``.
+      optimizer: a :class:`ShardedDPOptimizer` created under the scope.
+      data: the whole training set, read by index on the workers.
+      sampling_probability: Poisson rate ``q``.
+      noise_source: where the batch seeds come from (secure by default).
+    """
+
+    def __init__(self, strategy, coordinator, model: tf.keras.Model, loss_fn: Callable, optimizer: ShardedDPOptimizer,
+                 data: IndexedExamples, sampling_probability: float, noise_source: Optional[NoiseSource] = None):
+        if not isinstance(optimizer, ShardedDPOptimizer):
+            raise TypeError(f"ClusterTrainer needs a ShardedDPOptimizer, got {type(optimizer).__name__}")
+        if not 0.0 < sampling_probability <= 1.0:
+            raise ValueError(f"sampling_probability must be in (0, 1], got {sampling_probability!r}")
+        self.strategy, self.coordinator = strategy, coordinator
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.data, self.rate = data, float(sampling_probability)
+        source = noise_source if noise_source is not None else NoiseSource.secure()
+        with strategy.scope():
+            self.executed = tf.Variable(0, dtype=tf.int64, trainable=False, name="executed_steps")
+            self.batch_rng = source.tf_generator(stream=BATCH_STREAM)
+        self._recorder = optimizer.attach(model)
+        #: LazyDP's per-step state must not be shared by concurrent steps (module doc).
+        self.sequential = isinstance(optimizer.mechanism, LazyDP)
+        self._recorded = 0
+        self._step = tf.function(self._closure, autograph=False)
+
+    def _replica_step(self):
+        step_id = self.executed.assign_add(1)
+        seed = self.batch_rng.make_seeds(1)[:, 0]
+        with tf.control_dependencies([step_id]):
+            index = poisson_batch_indices(seed, self.data.size, self.rate)
+        features = tf.nest.map_structure(lambda a: tf.gather(tf.constant(a), index), self.data.features)
+        labels = tf.gather(tf.constant(self.data.labels), index)
+        self._recorder.clear()
+        with tf.GradientTape() as tape:
+            per_example_loss = self.loss_fn(labels, self.model(features, training=True))
+        update = self.optimizer.private_step(per_example_loss, self.model.trainable_variables, tape)
+        with tf.control_dependencies([update]):
+            # sum of (i + 1)^2 over the batch: tells batches apart in logs and tests
+            fingerprint = tf.reduce_sum(tf.square(index + 1))
+            # ``assign_add`` is atomic but its returned value is read afterwards, so two concurrent
+            # closures may report the same number: an ordering hint, not an id. The count is exact.
+            return {"executed_after": tf.identity(step_id), "batch_size": tf.size(index), "batch_fingerprint": fingerprint,
+                    "embedding_values": self.optimizer.last_embedding_values.read_value()}
+
+    def _closure(self):
+        return self.strategy.run(self._replica_step)
+
+    def schedule(self, steps: int) -> list:
+        """Schedules ``steps`` closures (one at a time for LazyDP); returns their ``RemoteValue``s."""
+        results = []
+        for _ in range(steps):
+            results.append(self.coordinator.schedule(self._step))
+            if self.sequential:
+                self.coordinator.join()
+        return results
+
+    def join(self) -> None:
+        self.coordinator.join()
+
+    def executed_steps(self) -> int:
+        """Executions so far, read from the server counter (every attempt that started a step)."""
+        return int(self.executed.numpy())
+
+    def record_executed(self, ledger: PrivacyLedger) -> int:
+        """Charges ``ledger`` one step event per execution since the last call; returns how many."""
+        total = self.executed_steps()
+        new = total - self._recorded
+        mechanism = self.optimizer.mechanism
+        event = mechanism.step_event(self.rate)
+        if event is None:
+            ledger.record_not_private(mechanism.not_private_reason(), num_steps=new)
+        else:
+            ledger.record_step(event, new)
+        self._recorded = total
+        return new

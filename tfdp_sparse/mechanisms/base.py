@@ -265,6 +265,18 @@ class Mechanism(tf.Module, abc.ABC):
         """``{table name: rows owing noise}`` (empty when nothing is deferred)."""
         return {}
 
+    def owed_rows(self, table: tf.Variable, unique_ids: tf.Tensor, completed_steps) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(ids, noise)`` the rows ``unique_ids`` of ``table`` still owe after ``completed_steps`` steps.
+
+        The read-time side of a rule that defers noise (its plan's
+        ``requires().defers_noise``): the caller subtracts ``noise`` from the
+        rows before they are read, and the rule counts them as caught up.
+        Backends whose lookups cannot run a read hook (the TPU program's
+        look-ahead) call it; the default owes nothing.
+        """
+        del unique_ids, completed_steps
+        return tf.zeros([0], tf.int64), tf.zeros([0, int(table.shape[1])], tf.float32)
+
     def flush(self) -> None:
         """Applies all deferred noise (no-op unless the mechanism defers noise)."""
 

@@ -154,17 +154,33 @@ class LazyCatchUp:
         if opt is None:  # no step has run: nothing is pending
             return None
         _refuse_xla()
+        ids, noise = self.owed_rows(table, unique_ids, opt.iterations)
+        dense_shape = tf.constant(table.shape.as_list(), tf.int64)
+        return table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
+
+    @_no_autograph
+    def owed_rows(self, table: tf.Variable, unique_ids: tf.Tensor, completed_steps) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(ids, noise to subtract)`` owed by ``unique_ids`` when caught up to ``completed_steps``.
+
+        Marks the rows caught up (history ``max(last, k)``). The Keras read
+        hook scatters the noise into the table; the TPU look-ahead sends it
+        through the update feature. Nothing is drawn when sigma is 0 or the
+        table is not bound.
+        """
+        i = self._tables.index.get(variable_key(table))
+        width = int(table.shape[1])
+        if i is None or self.noise_multiplier == 0:
+            return tf.zeros([0], tf.int64), tf.zeros([0, width], tf.float32)
+        opt = self._optimizer(required="owed_rows")
         ids = tf.cast(unique_ids, tf.int64)
         history = self._histories[i]
-        k = tf.cast(opt.iterations, tf.int32)
+        k = tf.cast(completed_steps, tf.int32)
         last = tf.gather(history, ids)
-        shape = tf.stack([tf.size(ids), int(table.shape[1])])
-        noise = self._deferred_noise(last, k, shape, self._scale(opt))
-        dense_shape = tf.constant(table.shape.as_list(), tf.int64)
-        table_op = table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
-        with tf.control_dependencies([table_op]):
-            history_op = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))
-        return tf.group(table_op, history_op)
+        noise = self._deferred_noise(last, k, tf.stack([tf.size(ids), width]), self._scale(opt))
+        with tf.control_dependencies([noise]):
+            update = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))
+        with tf.control_dependencies([update]):
+            return tf.identity(ids), tf.identity(noise)
 
     @_no_autograph
     def _inference_hook(self, table: tf.Variable, unique_ids: tf.Tensor):

@@ -15,12 +15,12 @@ path's values (pinned by ``tests/test_tpu_lookahead.py``); without a seed it
 has the same distribution. Before the first step, :meth:`TPUPrivateStep.prime`
 catches up the first batch (nothing is owed at step 0 of a fresh run).
 
-Only aggregated sampling (LazyDP's default, one draw per row) is supported
-here; ``aggregate=False`` is refused with a ``ValueError``.
+Any rule whose plan says ``requires().defers_noise`` works the same way:
+the look-ahead asks it for the owed rows (``Mechanism.owed_rows``).
 
 Example::
 
-    ids, noise = catch_up(mech, table, unique_ids, optimizer, completed_steps=t)
+    ids, noise = catch_up(mech, table, unique_ids, completed_steps=t)
     # packed rows += noise  (the table's SGD at rate 1 subtracts it)
 """
 
@@ -28,42 +28,19 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.lazydp import LazyDP
+from tfdp_sparse.mechanisms.base import Mechanism
 
 
-def check_lookahead_mechanism(mechanism: LazyDP) -> None:
-    """Refuses LazyDP settings the look-ahead does not implement (``ValueError``)."""
-    if not mechanism.aggregate:
-        raise ValueError(
-            "the TPU look-ahead implements LazyDP's aggregated noise sampling only (one draw per caught-up row); "
-            "set the LazyDP knob aggregate=true"
-        )
-
-
-def catch_up(mechanism: LazyDP, table: tf.Variable, unique_ids: tf.Tensor, optimizer,
+def catch_up(mechanism: Mechanism, table: tf.Variable, unique_ids: tf.Tensor,
              completed_steps: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """``(ids, noise)`` owed by ``unique_ids`` of ``table`` when caught up to ``completed_steps``.
 
-    Updates the rows' LazyDP history to ``max(last, k)`` (as the read hook
-    does) and returns the noise to *subtract* from the rows; draws nothing
-    and returns empty rows when ``noise_multiplier == 0`` (as the hook).
+    The rule's own read-time hook (:meth:`Mechanism.owed_rows
+    <tfdp_sparse.mechanisms.base.Mechanism.owed_rows>`), so the look-ahead
+    draws exactly what the Keras read hook would; the noise is to be
+    *subtracted* from the rows.
     """
-    width = int(table.shape[1])
-    ids = tf.cast(unique_ids, tf.int64)
-    if mechanism.noise_multiplier == 0:
-        return tf.zeros([0], tf.int64), tf.zeros([0, width], tf.float32)
-    history = mechanism.history_table(table)
-    k = tf.cast(completed_steps, tf.int32)
-    last = tf.gather(history, ids)
-    cum = mechanism.lr_sq_cumsum
-    owed = tf.gather(cum, k) - tf.gather(cum, tf.minimum(last, k))
-    scale = mechanism.noise_multiplier * mechanism.l2_norm_clip / float(optimizer.expected_batch_size)
-    std = tf.cast(tf.sqrt(tf.maximum(owed, 0.0)), tf.float32) * scale
-    noise = mechanism.rng.normal(tf.stack([tf.size(ids), width]), dtype=tf.float32) * std[:, tf.newaxis]
-    with tf.control_dependencies([noise]):
-        update = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))
-    with tf.control_dependencies([update]):
-        return tf.identity(ids), tf.identity(noise)
+    return mechanism.owed_rows(table, unique_ids, completed_steps)
 
 
 def unique_read_ids(ids: tf.Tensor) -> tf.Tensor:

@@ -46,7 +46,6 @@ from tfdp_sparse.layers.tpu import lookahead, packing
 from tfdp_sparse.layers.tpu.activation_clip import clip_from_activations
 from tfdp_sparse.layers.tpu.config import READ_SUFFIX, UPDATE_SUFFIX, Combiner, TPUEmbeddingPlan
 from tfdp_sparse.layers.tpu.model_split import ModelSplit
-from tfdp_sparse.mechanisms.lazydp import LazyDP
 
 Features = Mapping[str, tf.Tensor]
 
@@ -80,13 +79,12 @@ class TPUPrivateStep:
         self.split, self.plan, self.embedding = split, plan, embedding
         self.loss_fn, self.optimizer = loss_fn, optimizer
         self.mechanism = optimizer.mechanism
-        self.lazy = isinstance(self.mechanism, LazyDP)
+        self.lazy = self.mechanism.plan.requires().defers_noise  # rows owe noise until read: look ahead
         self._read_slots = {n: int(f.output_shape[0]) for n, f in plan.read_features.items()}
         if self.lazy:
-            lookahead.check_lookahead_mechanism(self.mechanism)
             if plan.read_features:
                 raise ValueError(
-                    f"LazyDP on the TPU program with read-only features {sorted(plan.read_features)} is refused: "
+                    f"{self.mechanism.name} (deferred noise) on the TPU program with read-only features {sorted(plan.read_features)} is refused: "
                     "the rows they read (negatives, catalogue) would need their deferred noise caught up by the "
                     "look-ahead too, which is not implemented; use the keras backend for this model"
                 )
@@ -168,7 +166,7 @@ class TPUPrivateStep:
         out = {}
         for spec, layer, feature_ids in zip(self.plan.specs, self.split.layers, next_ids):
             out[spec.name] = lookahead.catch_up(self.mechanism, layer.embeddings,
-                                                lookahead.unique_read_ids(feature_ids), self.optimizer, completed)
+                                                lookahead.unique_read_ids(feature_ids), completed)
         return out
 
     def _apply_dense(self, variables, noised, clipped, denominator) -> tf.Operation:
@@ -195,7 +193,7 @@ class TPUPrivateStep:
         packed = {}
         for spec, layer, feature_ids in zip(self.plan.specs, self.split.layers, ids):
             extra = lookahead.catch_up(self.mechanism, layer.embeddings, lookahead.unique_read_ids(feature_ids),
-                                       self.optimizer, completed)
+                                       completed)
             packed[spec.name] = packing.pack_rows(None, self.plan.update_slots[spec.name], spec.dim, spec.name,
                                                   extra=extra)
         self._apply_updates(ids, {n: tf.zeros([k], tf.int64) for n, k in self._read_slots.items()}, packed)

@@ -92,9 +92,8 @@ def make_train_step(
 
 
 def _is_lazy(optimizer: DPOptimizer) -> bool:
-    from tfdp_sparse.mechanisms.lazydp import LazyDP
-
-    return isinstance(optimizer.mechanism, LazyDP)
+    """The rule defers noise to read time (its plan says so): the table optimizer must stay plain SGD."""
+    return optimizer.mechanism.plan.requires().defers_noise
 
 
 def loop_driver(step: TPUTrainStep, signature: list, batches) -> tuple[Callable, object]:

@@ -54,6 +54,9 @@ class Requirements:
       plain_sgd_tables: tables must be trained with plain SGD (no momentum,
         no per-row optimizer state).
       fixed_batch: needs the fixed expected batch size (not each batch's size).
+      defers_noise: rows owe noise until they are read (LazyDP): a backend
+        whose lookup cannot run a read hook (the TPU program) must deliver
+        ``Mechanism.owed_rows`` before the rows are read.
     """
 
     clips: bool = True
@@ -64,6 +67,7 @@ class Requirements:
     default_negatives: Optional[str] = None
     plain_sgd_tables: bool = False
     fixed_batch: bool = False
+    defers_noise: bool = False
 
     def __post_init__(self) -> None:
         if self.accountant not in (None, "pld", "rdp"):

@@ -64,7 +64,7 @@ class LazyDPPlan(NoisePlan):
 
     def requires(self) -> Requirements:
         return Requirements(refuses_full_table_reads=True, default_negatives="sampled", plain_sgd_tables=True,
-                            fixed_batch=True)
+                            fixed_batch=True, defers_noise=True)
 
     def describe(self) -> dict:
         return {**super().describe(), "aggregate": self.aggregate, "dense_fallback": self.dense_fallback}

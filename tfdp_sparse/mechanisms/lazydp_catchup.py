@@ -141,9 +141,12 @@ class LazyCatchUp:
 
     # -- read hooks ----------------------------------------------------------
 
-    @_no_autograph
-    def _catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
-        """Training read: rows about to be read receive all their pending noise."""
+    def _hook_target(self, table: tf.Variable):
+        """``(table index, optimizer)`` when a read of ``table`` may owe noise, else ``None``.
+
+        ``None`` for tables not bound, sigma 0, no step run yet, and while a
+        SavedModel is traced (which is refused first if rows still owe noise).
+        """
         i = self._tables.index.get(variable_key(table))
         if i is None or self.noise_multiplier == 0:
             return None
@@ -151,8 +154,15 @@ class LazyCatchUp:
             self._refuse_export_if_pending(i)
             return None
         opt = self._optimizer()
-        if opt is None:  # no step has run: nothing is pending
+        return None if opt is None else (i, opt)
+
+    @_no_autograph
+    def _catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
+        """Training read: rows about to be read receive all their pending noise."""
+        target = self._hook_target(table)
+        if target is None:
             return None
+        _, opt = target
         _refuse_xla()
         ids, noise = self.owed_rows(table, unique_ids, opt.iterations)
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
@@ -185,15 +195,10 @@ class LazyCatchUp:
     @_no_autograph
     def _inference_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
         """Read outside training: flush the whole table first if it may owe noise."""
-        i = self._tables.index.get(variable_key(table))
-        if i is None or self.noise_multiplier == 0:
+        target = self._hook_target(table)
+        if target is None:
             return None
-        if _in_save_context():
-            self._refuse_export_if_pending(i)
-            return None
-        opt = self._optimizer()
-        if opt is None:
-            return None
+        i, opt = target
         maybe_pending = self._flushed_at[i] < tf.cast(opt.iterations, tf.int64)
 
         def flush():

@@ -59,6 +59,7 @@ import tensorflow as tf
 
 from models import pctr
 from tfdp_sparse import export as export_lib
+from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import prepared_rows, synthetic
 from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES
@@ -433,10 +434,10 @@ def cap_k(privacy: PrivacyConfig, vocab_sizes) -> PrivacyConfig:
 def dense_dpsgd_step_ms(vocab_sizes, hidden, batch_size: int, seed: int, steps: int = 3) -> float:
     """Median step time of dense DP-SGD on a fresh copy of the model (for comparison)."""
     from tfdp_sparse.keras import DPOptimizer, PrivateStep
-    from tfdp_sparse.mechanisms import DPSGD
 
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=hidden), seed=seed)
-    step = PrivateStep(model, pctr.per_example_loss, DPOptimizer(DPSGD(1.0, 1.0), 0.1, batch_size))
+    dense = mechanisms.build(PrivacyConfig(algorithm=mechanisms.DENSE_REFERENCE, noise_multiplier=1.0))
+    step = PrivateStep(model, pctr.per_example_loss, DPOptimizer(dense, 0.1, batch_size))
     rng = np.random.default_rng(seed)
     x = {
         "cat": np.stack([rng.integers(0, v, batch_size) for v in vocab_sizes], axis=1),

@@ -63,7 +63,6 @@ import tensorflow as tf
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.clipping.clip import clip_gradients
 from tfdp_sparse.keras.optimizer import DPOptimizer
-from tfdp_sparse.mechanisms.lazydp import LazyDP
 
 PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 _MIRRORED = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
@@ -100,7 +99,7 @@ def _check_setup(strategy, model: tf.keras.Model, optimizer: DPOptimizer) -> Non
             "create the mechanism outside strategy.scope(): its noise generator must be one generator "
             "(one key), not one per replica"
         )
-    if isinstance(optimizer.mechanism, LazyDP) and optimizer.mechanism.noise_multiplier != 0:
+    if optimizer.mechanism.plan.requires().defers_noise and optimizer.mechanism.describe().get("noise_multiplier"):
         raise ValueError(
             "LazyDP with noise is not supported under a mirrored strategy: its catch-up reads run inside "
             "each replica's forward pass and would draw noise per replica; use DP-SGD, EANA, DP-FEST or "

@@ -61,7 +61,6 @@ import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
-from tfdp_sparse.mechanisms.lazydp import LazyDP
 from tfdp_sparse.noise_source import NoiseSource
 
 #: Stream of the batch-seed generator in :meth:`NoiseSource.tf_generator`.
@@ -117,8 +116,8 @@ class ClusterTrainer:
             self.executed = tf.Variable(0, dtype=tf.int64, trainable=False, name="executed_steps")
             self.batch_rng = source.tf_generator(stream=BATCH_STREAM)
         self._recorder = optimizer.attach(model)
-        #: LazyDP's per-step state must not be shared by concurrent steps (module doc).
-        self.sequential = isinstance(optimizer.mechanism, LazyDP)
+        #: Deferred noise (LazyDP) keys per-row state by the step: no concurrent steps (module doc).
+        self.sequential = optimizer.mechanism.plan.requires().defers_noise
         self._recorded = 0
         self._step = tf.function(self._closure, autograph=False)
 

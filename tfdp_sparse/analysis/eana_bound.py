@@ -270,24 +270,61 @@ class EanaBound:
     is_dp_guarantee: bool = False  # always False; present so logs say so
 
 
+def _min_nonzero_count(counts_per_row) -> tuple:
+    """``(smallest non-zero count, number of non-zero rows)``, after checking the counts."""
+    counts = np.asarray(counts_per_row)
+    if counts.ndim != 1 or counts.size == 0:
+        raise ValueError(
+            f"counts_per_row must be a non-empty 1-D array, got shape {counts.shape}")
+    if not np.issubdtype(counts.dtype, np.number) or not np.all(np.isfinite(counts)):
+        raise ValueError("counts_per_row must be finite numbers")
+    if np.any(counts < 0) or np.any(counts != np.floor(counts)):
+        raise ValueError("counts_per_row must be non-negative integers")
+    nonzero = counts[counts > 0]
+    if nonzero.size == 0:
+        raise ValueError("counts_per_row has no non-zero count: no row was touched")
+    return int(nonzero.min()), int(nonzero.size)
+
+
+def _smaller_set_count(min_count: int, neighbouring: str) -> int:
+    """``C0`` of Thm 3.1: the smallest row count in the smaller neighbouring set (>= 2)."""
+    C0 = min_count - 1 if neighbouring == "remove" else min_count
+    if C0 < 2:
+        raise ValueError(
+            f"C0={C0} (min non-zero row count {min_count}, neighbouring="
+            f"{neighbouring!r}) is < 2: the bound needs an integer order "
+            "2 <= alpha <= C0, i.e. every touched row must be touched by at "
+            f"least {3 if neighbouring == 'remove' else 2} examples; "
+            "rarely-seen rows get no data-dependent protection")
+    return C0
+
+
+def _order_grid(alphas: Optional[Iterable[int]], C0: int) -> np.ndarray:
+    """The integer orders in ``[2, C0]`` to try (default ``2..min(C0, 4096)``)."""
+    if alphas is None:
+        return np.arange(2, min(C0, _DEFAULT_MAX_ALPHA) + 1, dtype=np.float64)
+    orders = [_as_integer_order(a, "alphas element") for a in alphas]
+    grid = np.array(sorted({a for a in orders if 2 <= a <= C0}), np.float64)
+    if grid.size == 0:
+        raise ValueError(
+            f"alphas={list(orders)} has no integer order in [2, C0={C0}]")
+    return grid
+
+
 def eana_epsilon(counts_per_row, d0: int, L: float, sigma: float,
                  delta: float, alphas: Optional[Iterable[int]] = None, *,
                  neighbouring: str = "remove") -> EanaBound:
     """Data-dependent (ε, δ) of EANA from per-row counts (Thm 3.1).
 
     Rows with count 0 are ignored: no training example touches them, so they
-    never change when a training example is removed (they are equal in both
-    neighbouring data sets and contribute nothing to the divergence). An
-    *added* example that touched such a row would make the divergence
-    infinite (the row is deterministic without it and noisy with it); such
-    neighbours are outside this analysis.
+    are equal in both neighbouring sets. An *added* example touching such a
+    row would make the divergence infinite; such neighbours are outside this
+    analysis.
 
     Neighbouring (which data set is the smaller one of the theorem):
-      * ``"remove"`` (default): the training set D_train versus D_train minus
-        one of its examples. The smaller set has counts ``C_j − 1`` on the
-        removed example's rows, so ``C0 = min_nonzero_count − 1``. This is
-        the question "does the final model reveal that a training example was
-        used?" and is the honest default.
+      * ``"remove"`` (default): D_train versus D_train minus one of its
+        examples, so ``C0 = min_nonzero_count − 1`` ("does the final model
+        reveal that a training example was used?").
       * ``"add"``: D_train versus D_train plus an example touching only rows
         with non-zero count; ``C0 = min_nonzero_count``.
 
@@ -318,34 +355,9 @@ def eana_epsilon(counts_per_row, d0: int, L: float, sigma: float,
     if neighbouring not in ("remove", "add"):
         raise ValueError(
             f"neighbouring={neighbouring!r} must be 'remove' or 'add'")
-    counts = np.asarray(counts_per_row)
-    if counts.ndim != 1 or counts.size == 0:
-        raise ValueError(
-            f"counts_per_row must be a non-empty 1-D array, got shape {counts.shape}")
-    if not np.issubdtype(counts.dtype, np.number) or not np.all(np.isfinite(counts)):
-        raise ValueError("counts_per_row must be finite numbers")
-    if np.any(counts < 0) or np.any(counts != np.floor(counts)):
-        raise ValueError("counts_per_row must be non-negative integers")
-    nonzero = counts[counts > 0]
-    if nonzero.size == 0:
-        raise ValueError("counts_per_row has no non-zero count: no row was touched")
-    min_count = int(nonzero.min())
-    C0 = min_count - 1 if neighbouring == "remove" else min_count
-    if C0 < 2:
-        raise ValueError(
-            f"C0={C0} (min non-zero row count {min_count}, neighbouring="
-            f"{neighbouring!r}) is < 2: the bound needs an integer order "
-            "2 <= alpha <= C0, i.e. every touched row must be touched by at "
-            f"least {3 if neighbouring == 'remove' else 2} examples; "
-            "rarely-seen rows get no data-dependent protection")
-    if alphas is None:
-        grid = np.arange(2, min(C0, _DEFAULT_MAX_ALPHA) + 1, dtype=np.float64)
-    else:
-        orders = [_as_integer_order(a, "alphas element") for a in alphas]
-        grid = np.array(sorted({a for a in orders if 2 <= a <= C0}), np.float64)
-        if grid.size == 0:
-            raise ValueError(
-                f"alphas={list(orders)} has no integer order in [2, C0={C0}]")
+    min_count, num_touched = _min_nonzero_count(counts_per_row)
+    C0 = _smaller_set_count(min_count, neighbouring)
+    grid = _order_grid(alphas, C0)
     # Validate scalars through the scalar function once (clear messages).
     eana_rdp_bound(int(grid[0]), C0, d0, L, sigma)
     rdp = _bound_terms(grid, float(C0), int(d0), float(L), float(sigma))
@@ -355,7 +367,7 @@ def eana_epsilon(counts_per_row, d0: int, L: float, sigma: float,
                      best_alpha=int(grid[i]), rdp=float(rdp[i]), C0=int(C0),
                      d0=int(d0), L=float(L), sigma=float(sigma),
                      min_row_count=min_count,
-                     num_rows_touched=int(nonzero.size),
+                     num_rows_touched=num_touched,
                      neighbouring=neighbouring)
 
 

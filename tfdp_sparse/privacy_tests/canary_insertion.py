@@ -226,9 +226,8 @@ def insert_canaries(
       ``(new_arrays, manifest)``.
 
     Raises:
-      ValueError: a canary equals a training row on every array (e.g. same
-        context and label), too few canaries, total insertions larger than
-        the training set, mismatched keys or shapes, bad repetitions.
+      ValueError: a canary equals a training row on every array, too few
+        canaries or training rows, mismatched keys or shapes.
 
     Example::
 
@@ -252,11 +251,7 @@ def insert_canaries(
     new_arrays, positions, num_rows = _scatter_copies(
         train_arrays, cast, keys, repetitions, num_train, total, rng
     )
-    manifest = CanaryManifest(
-        repetitions=repetitions,
-        positions=positions,
-        num_original_rows=int(num_train),
-        num_rows=int(num_rows),
-        seed=int(seed) if not isinstance(seed, np.random.Generator) else -1,
-    )
+    manifest = CanaryManifest(repetitions=repetitions, positions=positions, num_original_rows=int(num_train),
+                              num_rows=int(num_rows),
+                              seed=int(seed) if not isinstance(seed, np.random.Generator) else -1)
     return new_arrays, manifest

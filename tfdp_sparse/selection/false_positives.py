@@ -152,6 +152,48 @@ def sample_false_positives(num_buckets: int, excluded_sorted_ids,
     return positions
 
 
+def _uniform_distinct_ids_tf(n, k, seed):
+    """A uniform ``k``-subset of ``[0, n)``, sorted: rejection-sampled 64-bit words, topped up until distinct."""
+    import tensorflow as tf  # local: keep the numpy half importable without TF
+
+    n_u = tf.cast(tf.maximum(n, 1), tf.uint64)
+    # Largest multiple of n not exceeding 2**64 - 1: words below it are
+    # uniform modulo n.
+    limit = (tf.constant(np.iinfo(np.uint64).max, tf.uint64) // n_u) * n_u
+
+    def cond(i, chosen):
+        return tf.size(chosen, out_type=tf.int64) < k
+
+    def body(i, chosen):
+        need = k - tf.size(chosen, out_type=tf.int64)
+        words = tf.random.stateless_uniform(
+            tf.reshape(need, [1]),
+            seed=tf.random.experimental.stateless_fold_in(seed, i),
+            minval=None, maxval=None, dtype=tf.uint64)
+        words = tf.boolean_mask(words, words < limit)
+        new = tf.cast(words % n_u, tf.int64)
+        chosen, _ = tf.unique(tf.concat([chosen, new], axis=0))
+        return i + 1, chosen
+
+    _, chosen = tf.while_loop(
+        cond, body, (tf.constant(0, tf.int64), tf.zeros([0], tf.int64)),
+        shape_invariants=(tf.TensorShape([]), tf.TensorShape([None])))
+    return tf.sort(chosen)
+
+
+def _drop_excluded_tf(chosen, excluded, n):
+    """``chosen`` (sorted) without the ids in ``excluded`` (any order)."""
+    import tensorflow as tf  # local: keep the numpy half importable without TF
+
+    # Append the sentinel n (never a position) so the searchsorted index is
+    # always valid, even for an empty exclusion list.
+    sentinel = tf.reshape(n, [1])
+    excl = tf.concat([tf.sort(excluded), sentinel], axis=0)
+    idx = tf.searchsorted(excl, chosen, side="left")
+    hit = tf.equal(tf.gather(excl, idx), chosen)
+    return tf.boolean_mask(chosen, tf.logical_not(hit))
+
+
 def sample_false_positives_tf(num_buckets, excluded_ids, p, seed):
     """TensorFlow version, usable inside ``tf.function``; int64 ids, sorted.
 
@@ -161,12 +203,10 @@ def sample_false_positives_tf(num_buckets, excluded_ids, p, seed):
     1. K ~ Binomial(num_buckets, p) with ``tf.random.stateless_binomial``
        (exact: inversion / BTRS rejection, O(1) in num_buckets) — the number
        of successes of the Bernoulli process over all positions.
-    2. Given K, the set of successes is a uniform K-subset of
-       [0, num_buckets). We draw uniform 64-bit words, keep those below the
-       largest multiple of num_buckets (rejection: exactly uniform, unlike
-       ``stateless_uniform(maxval=...)`` whose modulo has a tiny bias), reduce
-       mod num_buckets, de-duplicate and top up in a ``tf.while_loop`` until K
-       distinct positions exist.
+    2. Given K, the successes are a uniform K-subset of [0, num_buckets):
+       uniform 64-bit words below the largest multiple of num_buckets
+       (rejection: exactly uniform, unlike ``stateless_uniform(maxval=...)``),
+       reduced mod num_buckets, de-duplicated and topped up until K distinct.
     3. Excluded ids are dropped (exact by independence, as in the numpy
        version).
 
@@ -204,34 +244,5 @@ def sample_false_positives_tf(num_buckets, excluded_ids, p, seed):
         shape=[], seed=seeds[0], counts=tf.cast(n, tf.float64), probs=p_t,
         output_dtype=tf.int64)
 
-    n_u = tf.cast(tf.maximum(n, 1), tf.uint64)
-    # Largest multiple of n not exceeding 2**64 - 1: words below it are
-    # uniform modulo n.
-    limit = (tf.constant(np.iinfo(np.uint64).max, tf.uint64) // n_u) * n_u
-
-    def cond(i, chosen):
-        return tf.size(chosen, out_type=tf.int64) < k
-
-    def body(i, chosen):
-        need = k - tf.size(chosen, out_type=tf.int64)
-        words = tf.random.stateless_uniform(
-            tf.reshape(need, [1]),
-            seed=tf.random.experimental.stateless_fold_in(seeds[1], i),
-            minval=None, maxval=None, dtype=tf.uint64)
-        words = tf.boolean_mask(words, words < limit)
-        new = tf.cast(words % n_u, tf.int64)
-        chosen, _ = tf.unique(tf.concat([chosen, new], axis=0))
-        return i + 1, chosen
-
-    _, chosen = tf.while_loop(
-        cond, body, (tf.constant(0, tf.int64), tf.zeros([0], tf.int64)),
-        shape_invariants=(tf.TensorShape([]), tf.TensorShape([None])))
-    chosen = tf.sort(chosen)
-
-    # Drop excluded ids: append the sentinel n (never a position) so the
-    # searchsorted index is always valid, even for an empty exclusion list.
-    sentinel = tf.reshape(n, [1])
-    excl = tf.concat([tf.sort(excluded), sentinel], axis=0)
-    idx = tf.searchsorted(excl, chosen, side="left")
-    hit = tf.equal(tf.gather(excl, idx), chosen)
-    return tf.boolean_mask(chosen, tf.logical_not(hit))
+    chosen = _uniform_distinct_ids_tf(n, k, seeds[1])
+    return _drop_excluded_tf(chosen, excluded, n)

@@ -71,6 +71,82 @@ def _parse_count(text: str, path: str, lineno: int) -> Union[int, float]:
     return value
 
 
+def _check_vocab_sizes(vocab_sizes: Sequence[int]) -> List[int]:
+    sizes = []
+    for f, v in enumerate(vocab_sizes):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ValueError(f"vocab_sizes[{f}]={v!r} must be an integer >= 1")
+        sizes.append(int(v))
+    if not sizes:
+        raise ValueError("vocab_sizes is empty: give the table size of every feature")
+    return sizes
+
+
+def _parse_record(fields: List[str], line: str, sizes: List[int], path: str,
+                  lineno: int) -> tuple:
+    """``(feature, bucket, count)`` of one data line, checked against ``sizes``."""
+    if len(fields) != 3:
+        raise ValueError(
+            f"{path}:{lineno}: expected 3 comma-separated fields "
+            f"(feature,bucket,count), got {len(fields)}: {line!r}")
+    feature = _parse_int(fields[0], "feature", path, lineno)
+    bucket = _parse_int(fields[1], "bucket", path, lineno)
+    count = _parse_count(fields[2], path, lineno)
+    if not 0 <= feature < len(sizes):
+        raise ValueError(
+            f"{path}:{lineno}: unknown feature index {feature}; "
+            f"vocab_sizes has {len(sizes)} features (0..{len(sizes) - 1})")
+    if not 0 <= bucket < sizes[feature]:
+        raise ValueError(
+            f"{path}:{lineno}: feature {feature}: bucket {bucket} is "
+            f"outside the feature's table of size {sizes[feature]}")
+    return feature, bucket, count
+
+
+def _read_entries(path: str, sizes: List[int]) -> List[Dict[int, Union[int, float]]]:
+    """One ``{bucket: count}`` dict per feature from the CSV at ``path``."""
+    entries: List[Dict[int, Union[int, float]]] = [{} for _ in sizes]
+    first_line: List[Dict[int, int]] = [{} for _ in sizes]
+    header_seen = False
+    with open(path, "r", encoding="utf-8") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            fields = [x.strip() for x in line.split(",")]
+            if not header_seen:
+                if tuple(x.lower() for x in fields) != _HEADER:
+                    raise ValueError(
+                        f"{path}:{lineno}: expected header 'feature,bucket,count', "
+                        f"got {line!r}")
+                header_seen = True
+                continue
+            feature, bucket, count = _parse_record(fields, line, sizes, path, lineno)
+            if bucket in entries[feature]:
+                raise ValueError(
+                    f"{path}:{lineno}: feature {feature}, bucket {bucket} "
+                    f"already given on line {first_line[feature][bucket]}")
+            entries[feature][bucket] = count
+            first_line[feature][bucket] = lineno
+    if not header_seen:
+        raise ValueError(f"{path}: empty file; expected header 'feature,bucket,count'")
+    return entries
+
+
+def _dense_counts(sizes: List[int], entries: List[Dict[int, Union[int, float]]]) -> List[np.ndarray]:
+    """One array per feature: int64, or float64 when any count is fractional."""
+    any_float = any(isinstance(c, float) for e in entries for c in e.values())
+    dtype = np.float64 if any_float else np.int64
+    out = []
+    for size, e in zip(sizes, entries):
+        arr = np.zeros(size, dtype=dtype)
+        if e:
+            idx = np.fromiter(e.keys(), dtype=np.int64, count=len(e))
+            arr[idx] = np.fromiter(e.values(), dtype=dtype, count=len(e))
+        out.append(arr)
+    return out
+
+
 def load_frequency_file(path: Union[str, os.PathLike],
                         vocab_sizes: Sequence[int], *,
                         dense: bool = True) -> List[Counts]:
@@ -94,67 +170,56 @@ def load_frequency_file(path: Union[str, os.PathLike],
         (feature, bucket); the message names the file and line number.
     """
     path = os.fspath(path)
-    sizes = []
-    for f, v in enumerate(vocab_sizes):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-            raise ValueError(f"vocab_sizes[{f}]={v!r} must be an integer >= 1")
-        sizes.append(int(v))
-    if not sizes:
-        raise ValueError("vocab_sizes is empty: give the table size of every feature")
-
-    entries: List[Dict[int, Union[int, float]]] = [{} for _ in sizes]
-    first_line: List[Dict[int, int]] = [{} for _ in sizes]
-    header_seen = False
-    any_float = False
-    with open(path, "r", encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            fields = [x.strip() for x in line.split(",")]
-            if not header_seen:
-                if tuple(x.lower() for x in fields) != _HEADER:
-                    raise ValueError(
-                        f"{path}:{lineno}: expected header 'feature,bucket,count', "
-                        f"got {line!r}")
-                header_seen = True
-                continue
-            if len(fields) != 3:
-                raise ValueError(
-                    f"{path}:{lineno}: expected 3 comma-separated fields "
-                    f"(feature,bucket,count), got {len(fields)}: {line!r}")
-            feature = _parse_int(fields[0], "feature", path, lineno)
-            bucket = _parse_int(fields[1], "bucket", path, lineno)
-            count = _parse_count(fields[2], path, lineno)
-            if not 0 <= feature < len(sizes):
-                raise ValueError(
-                    f"{path}:{lineno}: unknown feature index {feature}; "
-                    f"vocab_sizes has {len(sizes)} features (0..{len(sizes) - 1})")
-            if not 0 <= bucket < sizes[feature]:
-                raise ValueError(
-                    f"{path}:{lineno}: feature {feature}: bucket {bucket} is "
-                    f"outside the feature's table of size {sizes[feature]}")
-            if bucket in entries[feature]:
-                raise ValueError(
-                    f"{path}:{lineno}: feature {feature}, bucket {bucket} "
-                    f"already given on line {first_line[feature][bucket]}")
-            entries[feature][bucket] = count
-            first_line[feature][bucket] = lineno
-            any_float = any_float or isinstance(count, float)
-    if not header_seen:
-        raise ValueError(f"{path}: empty file; expected header 'feature,bucket,count'")
-
+    sizes = _check_vocab_sizes(vocab_sizes)
+    entries = _read_entries(path, sizes)
     if not dense:
         return [dict(e) for e in entries]
-    dtype = np.float64 if any_float else np.int64
-    out = []
-    for size, e in zip(sizes, entries):
-        arr = np.zeros(size, dtype=dtype)
-        if e:
-            idx = np.fromiter(e.keys(), dtype=np.int64, count=len(e))
-            arr[idx] = np.fromiter(e.values(), dtype=dtype, count=len(e))
-        out.append(arr)
-    return out
+    return _dense_counts(sizes, entries)
+
+
+def _zero_count_fill(listed: np.ndarray, need: int) -> np.ndarray:
+    """The ``need`` smallest bucket ids not in ``listed`` (zero-count buckets)."""
+    taken = np.sort(listed)
+    fill = []
+    candidate = 0
+    j = 0
+    while len(fill) < need:
+        while j < taken.size and taken[j] < candidate:
+            j += 1
+        if j < taken.size and taken[j] == candidate:
+            candidate += 1
+            continue
+        fill.append(candidate)
+        candidate += 1
+    return np.asarray(fill, dtype=np.int64)
+
+
+def _top_k_sparse(counts: Mapping[int, float], k: int, label: str,
+                  table_size: Optional[int]) -> np.ndarray:
+    """:func:`top_k_from_counts` of a ``{bucket: count}`` dict."""
+    if table_size is None:
+        raise ValueError(
+            f"table_size is required for {label} when counts is a dict")
+    if isinstance(table_size, bool) or not isinstance(
+            table_size, numbers.Integral) or table_size < 1:
+        raise ValueError(f"table_size={table_size!r} for {label} must be >= 1")
+    if k > table_size:
+        raise ValueError(
+            f"k={k} exceeds the table size {table_size} of {label}")
+    ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    vals = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+    if ids.size and (ids.min() < 0 or ids.max() >= table_size):
+        raise ValueError(
+            f"{label}: bucket ids must lie in [0, {table_size}), got "
+            f"{ids.min()}..{ids.max()}")
+    if np.any(~np.isfinite(vals)) or np.any(vals < 0):
+        raise ValueError(f"{label}: counts must be finite and >= 0")
+    positive = vals > 0
+    ids, vals = ids[positive], vals[positive]
+    chosen = ids[np.lexsort((ids, -vals))[:k]]
+    if chosen.size < k:
+        chosen = np.concatenate([chosen, _zero_count_fill(ids, k - chosen.size)])
+    return chosen.astype(np.int64)
 
 
 def top_k_from_counts(counts: Union[np.ndarray, Sequence[float], Mapping[int, float]],
@@ -187,44 +252,7 @@ def top_k_from_counts(counts: Union[np.ndarray, Sequence[float], Mapping[int, fl
         raise ValueError(f"k={k!r} for {label} must be an integer >= 0")
     k = int(k)
     if isinstance(counts, Mapping):
-        if table_size is None:
-            raise ValueError(
-                f"table_size is required for {label} when counts is a dict")
-        if isinstance(table_size, bool) or not isinstance(
-                table_size, numbers.Integral) or table_size < 1:
-            raise ValueError(f"table_size={table_size!r} for {label} must be >= 1")
-        if k > table_size:
-            raise ValueError(
-                f"k={k} exceeds the table size {table_size} of {label}")
-        ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
-        vals = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
-        if ids.size and (ids.min() < 0 or ids.max() >= table_size):
-            raise ValueError(
-                f"{label}: bucket ids must lie in [0, {table_size}), got "
-                f"{ids.min()}..{ids.max()}")
-        if np.any(~np.isfinite(vals)) or np.any(vals < 0):
-            raise ValueError(f"{label}: counts must be finite and >= 0")
-        positive = vals > 0
-        ids, vals = ids[positive], vals[positive]
-        order = np.lexsort((ids, -vals))[:k]
-        chosen = ids[order]
-        if chosen.size < k:
-            # Fill with zero-count buckets, smallest ids first, skipping listed ones.
-            need = k - chosen.size
-            taken = np.sort(ids)
-            fill = []
-            candidate = 0
-            j = 0
-            while len(fill) < need:
-                while j < taken.size and taken[j] < candidate:
-                    j += 1
-                if j < taken.size and taken[j] == candidate:
-                    candidate += 1
-                    continue
-                fill.append(candidate)
-                candidate += 1
-            chosen = np.concatenate([chosen, np.asarray(fill, dtype=np.int64)])
-        return chosen.astype(np.int64)
+        return _top_k_sparse(counts, k, label, table_size)
 
     arr = np.asarray(counts)
     if arr.ndim != 1:

@@ -104,6 +104,7 @@ def run_config(cluster, strategy, coordinator, algorithm: str, vocab: int, steps
     from tfdp_sparse.distribute.strategy import fixed_shape_variables
     from tfdp_sparse.distribute.training import ClusterTrainer, IndexedExamples
     from tfdp_sparse.distribute.traffic import TrafficSnapshot
+    from tfdp_sparse.noise_source import NoiseSource
 
     rng = np.random.default_rng(vocab)
     data = IndexedExamples(rng.integers(0, vocab, (EXAMPLES, IDS)).astype(np.int64),
@@ -113,7 +114,10 @@ def run_config(cluster, strategy, coordinator, algorithm: str, vocab: int, steps
         mechanism = _mechanism(algorithm)
         optimizer = ShardedDPOptimizer(mechanism, learning_rate=0.1, expected_batch_size=BATCH)
     loss = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
-    trainer = ClusterTrainer(strategy, coordinator, model, loss, optimizer, data, BATCH / EXAMPLES)
+    # Same batches for every algorithm at a given V (a benchmark, not a private run: the batch seed
+    # is public here so byte counts compare like for like); the mechanisms' noise stays secure.
+    trainer = ClusterTrainer(strategy, coordinator, model, loss, optimizer, data, BATCH / EXAMPLES,
+                             noise_source=NoiseSource.reproducible(vocab), num_workers=1)
     mechanism.bind_model(model)
     trainer.schedule(2)
     trainer.join()
@@ -134,7 +138,7 @@ def run_config(cluster, strategy, coordinator, algorithm: str, vocab: int, steps
         "update_bytes_per_step": delta.links.get(("worker", "ps"), 0) / steps,
         "read_bytes_per_step": delta.links.get(("ps", "worker"), 0) / steps,
         "step_ms": 1000.0 * elapsed / steps, "rows_changed": changed,
-        "executed_steps": trainer.executed_steps(),
+        "executed_steps": trainer.executed_steps(), "batches": "fixed seed per V (same for every algorithm)",
     }
 
 

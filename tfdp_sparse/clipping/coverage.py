@@ -40,6 +40,7 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, LayerTap, Tap
+from tfdp_sparse.distribute.shards import is_sharded
 from tfdp_sparse.tables import table_parts
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
@@ -149,7 +150,16 @@ def check_table_reads(table: tf.Variable, live_taps: Sequence[EmbeddingTap], own
     )
     if not isinstance(grad, tf.IndexedSlices) or not live_taps:
         raise UnsupportedLayerError(message)
+    if is_sharded(table):
+        return _check_sharded_row_count(grad, live_taps, message)
     return _check_row_count(grad, live_taps, message)
+
+
+def _check_sharded_row_count(grad: tf.IndexedSlices, tap_list: Sequence[EmbeddingTap], message: str) -> tf.Operation:
+    """A sharded table's lookup reads each unique valid id of a tap once (``DPEmbedding._sharded_read``)."""
+    looked_up = tf.add_n([tf.size(tf.unique(tf.boolean_mask(t.ids, t.ids >= 0))[0], out_type=tf.int64)
+                          for t in tap_list])
+    return tf.debugging.assert_equal(tf.size(grad.indices, out_type=tf.int64), looked_up, message=message)
 
 
 def _check_row_count(grad: tf.IndexedSlices, tap_list: Sequence[EmbeddingTap], message: str) -> Optional[tf.Operation]:

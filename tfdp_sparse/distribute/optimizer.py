@@ -35,6 +35,7 @@ from tfdp_sparse.distribute.shards import is_sharded, logical_variables, sharded
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.mechanisms.base import Gradient, NoisedGradients, StepGrads, sum_duplicates
 from tfdp_sparse.mechanisms.dpsgd import DPSGD, noise_dense
+from tfdp_sparse.mechanisms.lazydp_catchup import current_learning_rate
 
 
 class ServerNoiseDPSGD(DPSGD):
@@ -99,17 +100,51 @@ class ShardedDPOptimizer(DPOptimizer):
         return super().private_step(per_example_loss, logical_variables(var_list, self._sharded), tape)
 
     def apply_gradients(self, grads_and_vars, name: Optional[str] = None, **kwargs):
-        pairs = list(grads_and_vars)
+        """Splits sharded tables' gradients into their shards and applies them (see class doc)."""
         server_noise = isinstance(self.mechanism, ServerNoiseDPSGD)
-        noise_ops, flat = [], []
-        for grad, var in pairs:
-            shards = var.variables if is_sharded(var) else [var]
-            parts = split_gradient(grad, var) if is_sharded(var) else [grad]
-            if server_noise and isinstance(grad, tf.IndexedSlices):
-                noise_ops += self._server_noise(shards)
-            flat += [(g, s) for g, s in zip(parts, shards) if g is not None]
-        with tf.control_dependencies(noise_ops):
-            return super().apply_gradients(flat, name=name, **kwargs)
+        side_ops, rest = [], []
+        for grad, var in grads_and_vars:
+            if not is_sharded(var):
+                rest.append((grad, var))
+                continue
+            sparse = isinstance(grad, tf.IndexedSlices)
+            if sparse:
+                ids, rows = sum_duplicates(grad)
+                grad = tf.IndexedSlices(rows, ids, grad.dense_shape)
+            parts = split_gradient(grad, var)
+            if server_noise and sparse:
+                side_ops += self._server_noise(var.variables)
+            if sparse and self._plain_sgd():
+                side_ops += self._apply_rows(var, parts)
+            else:
+                rest += [(g, s) for g, s in zip(parts, var.variables) if g is not None]
+            if sparse:
+                side_ops += self.mechanism.mark_shard_rows(var, parts)  # per-row state, on the servers
+        with tf.control_dependencies(side_ops):
+            if not rest:
+                return self.iterations.assign_add(1)
+            return super().apply_gradients(rest, name=name, **kwargs)
+
+    def _plain_sgd(self) -> bool:
+        momentum = self.momentum
+        return not callable(momentum) and not isinstance(momentum, (tf.Tensor, tf.Variable)) and float(momentum) == 0.0
+
+    def _apply_rows(self, table, parts: list) -> list:
+        """``shard[rows] -= lr * values`` on each shard's server (plain SGD, as Keras would).
+
+        Applied here rather than by Keras, which makes a new ids tensor
+        (``tf.unique``) per shard: with the split's own tensor, per-row state
+        updated with the same ids on the same server
+        (:meth:`Mechanism.mark_shard_rows`) reuses the ids the update sent.
+        """
+        lr = current_learning_rate(self, tf.float32)
+        ops = []
+        for part, shard in zip(parts, table.variables):
+            if part is None:
+                continue
+            with tf.device(shard.device):
+                ops.append(shard.scatter_sub(tf.IndexedSlices(part.values * lr, part.indices, part.dense_shape)))
+        return ops
 
     def _server_noise(self, shards: Sequence[tf.Variable]) -> list:
         """``shard -= lr / B * noise``, each drawn and applied on the shard's own device."""

@@ -100,7 +100,7 @@ def train_on_cluster(run: ClusterRun, build_model: Callable[[], tf.keras.Model],
             raise ValueError(f"{mechanism.name} with private selection from training counts is not supported with "
                              "--cluster yet: give it a public kept set (kept_ids or frequency_file)")
         trainer = ClusterTrainer(strategy, coordinator, model, loss_fn, optimizer, data, rate,
-                                 noise_source=NoiseSource(run.noise_seed))
+                                 noise_source=NoiseSource(run.noise_seed), num_workers=workers)
         mechanism.bind_model(model)
         start = time.perf_counter()
         trainer.schedule(run.steps)

@@ -22,8 +22,6 @@ from typing import Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse.layers.embedding import DPEmbedding
-
 ShardedVariable = tf.__internal__.distribute.ShardedVariable
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
 
@@ -39,6 +37,26 @@ def shard_offsets(table: ShardedVariable) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
 
 
+def locate_rows(ids: tf.Tensor, table: ShardedVariable) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(shard int32 [n], local row int64 [n])`` of global row ``ids`` of ``table``.
+
+    Example: shards of 3 and 2 rows, ids ``[4, 1]`` -> ``([1, 0], [1, 1])``.
+    """
+    offsets = shard_offsets(table)
+    ids = tf.cast(ids, tf.int64)
+    shard_of = tf.searchsorted(tf.constant(offsets[1:]), ids, side="right")
+    return tf.cast(shard_of, tf.int32), ids - tf.gather(tf.constant(offsets), shard_of)
+
+
+def split_ids(ids: tf.Tensor, table: ShardedVariable) -> list:
+    """Local row ids (int64) per shard of global ``ids``, each list in the order of ``ids``.
+
+    Example: shards of 3 and 2 rows, ids ``[4, 1, 3]`` -> ``[[1], [1, 0]]``.
+    """
+    shard_of, local = locate_rows(ids, table)
+    return tf.dynamic_partition(local, shard_of, len(table.variables))
+
+
 def split_gradient(grad: Gradient, table: ShardedVariable) -> list:
     """Per-shard gradients (local row ids) of a gradient of the whole ``[V, d]`` table.
 
@@ -51,10 +69,9 @@ def split_gradient(grad: Gradient, table: ShardedVariable) -> list:
     offsets = shard_offsets(table)
     if not isinstance(grad, tf.IndexedSlices):
         return tf.split(grad, np.diff(offsets).tolist(), axis=0)
-    ids = tf.cast(grad.indices, tf.int64)
-    shard_of = tf.searchsorted(tf.constant(offsets[1:]), ids, side="right")
-    values = tf.dynamic_partition(grad.values, tf.cast(shard_of, tf.int32), len(shards))
-    local = tf.dynamic_partition(ids - tf.gather(tf.constant(offsets), shard_of), tf.cast(shard_of, tf.int32), len(shards))
+    shard_of, local = locate_rows(grad.indices, table)
+    values = tf.dynamic_partition(grad.values, shard_of, len(shards))
+    local = tf.dynamic_partition(local, shard_of, len(shards))
     return [
         tf.IndexedSlices(v, i, tf.constant(shard.shape.as_list(), tf.int64))
         for v, i, shard in zip(values, local, shards)
@@ -96,6 +113,7 @@ def logical_variables(var_list: Sequence, tables: Sequence) -> list:
 
 def sharded_tables(model: tf.Module) -> list:
     """Every ``ShardedVariable`` a model's layers hold as ``embeddings`` (each once)."""
+    from tfdp_sparse.layers.embedding import DPEmbedding  # the layer reads sharded tables through this module
     found, seen = [], set()
     for layer in [model] + list(model.submodules):
         if not isinstance(layer, (DPEmbedding, tf.keras.layers.Embedding)) or not layer.built:

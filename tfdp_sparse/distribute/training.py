@@ -26,13 +26,17 @@ worker died after incrementing the counter is charged even if its update
 was lost (conservative); its retry is a new execution with a fresh batch
 and fresh noise, charged again.
 
-LazyDP runs one step at a time. Its deferred noise is indexed by
-``optimizer.iterations`` (per-row "noised up to step k" and a per-step
-learning-rate sum); two concurrent steps read the same ``k``, write the
-same entry and lose a step's noise (seen here: after three concurrent
-steps on two workers a flush applied no noise at all). So
-:class:`ClusterTrainer` joins after every LazyDP step (workers take turns);
-the other mechanisms keep no per-step state and run concurrently.
+LazyDP's catch-up runs on the servers (:mod:`tfdp_sparse.mechanisms.lazydp_sharded`):
+the owed noise of the rows a step reads is drawn and written there, so each
+row read crosses the wire once, in the step's update. LazyDP runs one step
+at a time: its deferred noise is indexed by ``optimizer.iterations``
+(per-row "noised up to step k" and a per-step learning-rate sum); two
+concurrent steps read the same ``k``, write the same entry and lose a
+step's noise (seen here: after three concurrent steps on two workers a
+flush applied no noise at all). With one worker closures already run one
+after another on it; with several (or an unknown number),
+:class:`ClusterTrainer` joins after every LazyDP step (workers take turns).
+The other mechanisms keep no per-step state and run concurrently.
 
 Staleness. Workers run asynchronously: a step may read parameters that
 other steps update before its own update lands. This does not weaken the
@@ -100,10 +104,14 @@ class ClusterTrainer:
       data: the whole training set, read by index on the workers.
       sampling_probability: Poisson rate ``q``.
       noise_source: where the batch seeds come from (secure by default).
+      num_workers: the cluster's workers, if known; with exactly one, LazyDP
+        steps are scheduled without a join after each (the worker runs its
+        closures in turn). ``None`` assumes several.
     """
 
     def __init__(self, strategy, coordinator, model: tf.keras.Model, loss_fn: Callable, optimizer: ShardedDPOptimizer,
-                 data: IndexedExamples, sampling_probability: float, noise_source: Optional[NoiseSource] = None):
+                 data: IndexedExamples, sampling_probability: float, noise_source: Optional[NoiseSource] = None,
+                 num_workers: Optional[int] = None):
         if not isinstance(optimizer, ShardedDPOptimizer):
             raise TypeError(f"ClusterTrainer needs a ShardedDPOptimizer, got {type(optimizer).__name__}")
         if not 0.0 < sampling_probability <= 1.0:
@@ -116,8 +124,9 @@ class ClusterTrainer:
             self.executed = tf.Variable(0, dtype=tf.int64, trainable=False, name="executed_steps")
             self.batch_rng = source.tf_generator(stream=BATCH_STREAM)
         self._recorder = optimizer.attach(model)
-        #: Deferred noise (LazyDP) keys per-row state by the step: no concurrent steps (module doc).
-        self.sequential = optimizer.mechanism.plan.requires().defers_noise
+        #: Deferred noise (LazyDP) keys per-row state by the step: no concurrent steps (module doc);
+        #: one worker runs its closures one after another already.
+        self.sequential = optimizer.mechanism.plan.requires().defers_noise and num_workers != 1
         self._recorded = 0
         self._step = tf.function(self._closure, autograph=False)
 

@@ -3,7 +3,8 @@
 ``DPEmbedding`` is an ordinary Keras layer (it trains without privacy too)
 that reads only the rows it needs (``tf.nn.embedding_lookup`` on the resource
 variable: ``ResourceGather``, never a dense read of the table; on a sharded
-table one gather per shard, rows returned in id order) and whose lookup
+table each unique id once, one gather per shard with shard-local ids, rows
+returned in id order, :meth:`DPEmbedding._sharded_read`) and whose lookup
 (:meth:`DPEmbedding.lookup`) is reported to the private step by its clipping
 rule :func:`dp_embedding_rule` (:mod:`tfdp_sparse.clipping.registry`), so
 per-example norms can be computed from activation gradients.
@@ -40,6 +41,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfdp_sparse.clipping import taps
+from tfdp_sparse.distribute.shards import is_sharded, locate_rows
 
 ReadHook = Callable[[tf.Variable, tf.Tensor], Optional[tf.Operation]]
 
@@ -117,11 +119,15 @@ class DPEmbedding(tf.keras.layers.Layer):
     def _hooks(self, training) -> list:
         return self._read_hooks if training else self._inference_hooks
 
-    def _run_hooks(self, unique_ids: tf.Tensor, training) -> list:
-        """Runs the read (``training``) or inference hooks for ``unique_ids``; returns their ops."""
+    def _run_hooks(self, unique_ids: tf.Tensor, training, shard_ids: Optional[list] = None) -> list:
+        """Runs the read (``training``) or inference hooks for ``unique_ids``; returns their ops.
+
+        ``shard_ids`` (sharded tables, training reads): the local ids per shard that the
+        read itself gathers, passed on so a hook working on the servers reuses them.
+        """
         ops = []
         for hook in self._hooks(training):
-            op = hook(self.embeddings, unique_ids)
+            op = hook(self.embeddings, unique_ids) if shard_ids is None else hook(self.embeddings, unique_ids, shard_ids)
             if op is not None:
                 ops.append(op)
         return ops
@@ -141,11 +147,13 @@ class DPEmbedding(tf.keras.layers.Layer):
                                                    message=f"{self.name}: id outside the table of "
                                                            f"{self.vocab_size} rows"))
             checks.append(tf.debugging.assert_non_negative(ids, message=f"{self.name}: negative id in read_rows"))
+        if is_sharded(self.embeddings):
+            return self._sharded_read(ids, tf.ones_like(ids, tf.bool), checks, training)
         if self._hooks(training):
             with tf.control_dependencies(checks):
                 checks += self._run_hooks(tf.unique(ids)[0], training)
         with tf.control_dependencies(checks):
-            return tf.nn.embedding_lookup(self.embeddings, ids)  # keeps id order on sharded tables
+            return tf.nn.embedding_lookup(self.embeddings, ids)
 
     def read_table(self, training=None) -> tf.Tensor:
         """The whole table ``[V, d]``, read like a lookup of every row (hooks run first).
@@ -212,14 +220,41 @@ class DPEmbedding(tf.keras.layers.Layer):
                     )
                 )
         valid = ids >= 0
+        if is_sharded(self.embeddings):
+            return ids, self._sharded_read(ids, valid, checks, training)
         safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
         if self._hooks(training):
             checks += self._run_hooks(tf.unique(tf.boolean_mask(ids, valid))[0], training)
         with tf.control_dependencies(checks):
-            # ResourceGather [B, L, d]; on a ShardedVariable one gather per shard, rows kept in
-            # id order (tf.gather would return them in shard order there).
-            rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)
+            rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)  # ResourceGather [B, L, d]
         return ids, rows
+
+    def _sharded_read(self, ids: tf.Tensor, valid: tf.Tensor, checks: list, training) -> tf.Tensor:
+        """Rows ``[..., d]`` of ``ids`` from a sharded table: each unique valid row read once, in id order.
+
+        The unique ids are split into shard-local ids once
+        (:func:`tfdp_sparse.distribute.shards.locate_rows`); the read hooks get the same
+        tensors, so work they place on the servers reuses the ids the gathers send.
+        Padding (``valid`` false) reads zeros. ``tf.gather`` on the ``ShardedVariable``
+        itself would return rows in shard order, not id order.
+        """
+        table = self.embeddings
+        flat_valid = tf.reshape(valid, [-1])
+        unique, index = tf.unique(tf.boolean_mask(tf.reshape(ids, [-1]), flat_valid))
+        shard_of, local = locate_rows(unique, table)
+        count = len(table.variables)
+        positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard_of, count)
+        shard_ids = tf.dynamic_partition(local, shard_of, count)
+        if self._hooks(training):
+            with tf.control_dependencies(checks):
+                checks = checks + self._run_hooks(unique, training, shard_ids if training else None)
+        with tf.control_dependencies(checks):
+            parts = [tf.gather(shard, part) for shard, part in zip(table.variables, shard_ids)]
+        rows = tf.concat([tf.dynamic_stitch(positions, parts), tf.zeros([1, self.dim], parts[0].dtype)], 0)
+        padding = tf.fill(tf.shape(flat_valid), tf.size(unique))  # the zero row after the unique rows
+        where = tf.scatter_nd(tf.where(flat_valid), index, tf.shape(flat_valid, out_type=tf.int64))
+        flat_index = tf.where(flat_valid, where, padding)
+        return tf.reshape(tf.gather(rows, flat_index), tf.concat([tf.shape(ids), [self.dim]], 0))
 
     def pool(self, ids: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
         """The output ``[B, d]`` from :meth:`lookup`'s ids and rows (``combiner``)."""

@@ -280,6 +280,16 @@ class Mechanism(tf.Module, abc.ABC):
     def flush(self) -> None:
         """Applies all deferred noise (no-op unless the mechanism defers noise)."""
 
+    def mark_shard_rows(self, table, parts: list) -> list:
+        """Ops run with a sharded table's update: ``parts`` holds each shard's ``IndexedSlices`` (local ids).
+
+        A rule with per-row state sharded like its table (LazyDP's history)
+        updates it here, on the servers, from the ids the update already
+        ships; the default has no such state.
+        """
+        del table, parts
+        return []
+
     def gaussian_noise(self, shape, stddev: float) -> tf.Tensor:
         """Draws ``N(0, stddev^2)`` from this mechanism's generator."""
         return self.rng.normal(shape, stddev=stddev, dtype=tf.float32)

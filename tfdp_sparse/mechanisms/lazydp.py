@@ -73,18 +73,20 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from tfdp_sparse.distribute.shards import is_sharded
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_duplicates
 from tfdp_sparse.mechanisms.binding import bound_mechanisms  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.lazydp_binding import LazyBinding, _Tables
 from tfdp_sparse.mechanisms.lazydp_catchup import LazyCatchUp, _no_autograph, _refuse_xla
+from tfdp_sparse.mechanisms.lazydp_sharded import LazySharded
 from tfdp_sparse.mechanisms.tables import variable_key
 from tfdp_sparse.mechanisms.plans.lazydp import KNOBS, LazyDPPlan, parse_bool, plan_from_config  # noqa: F401
 
 _INITIAL_STEPS = 1024
 
 
-class LazyDP(LazyBinding, LazyCatchUp, Mechanism):
+class LazyDP(LazyBinding, LazyCatchUp, LazySharded, Mechanism):
     """DP-SGD with lazily applied, aggregated noise on embedding tables.
 
     Args:
@@ -115,7 +117,9 @@ class LazyDP(LazyBinding, LazyCatchUp, Mechanism):
                 trainable=False,
                 name="lr_sq_cumsum",
             )
-        self._histories: list[tf.Variable] = []
+        self._histories: list = []  # tf.Variable, or ShardedVariable for a sharded table
+        self._rate_copies: list[tf.Variable] = []  # lr_sq_cumsum on each server holding a table shard
+        self._rate_copy_devices: list[str] = []
         self._flushed_at: list[tf.Variable] = []
         self._tables = _Tables()
 
@@ -160,7 +164,8 @@ class LazyDP(LazyBinding, LazyCatchUp, Mechanism):
             ids = tf.cast(ids, tf.int64)
             noised = summed + self.gaussian_noise(tf.shape(summed), stddev)
             with tf.control_dependencies([recorded]):
-                self._histories[i].scatter_update(tf.IndexedSlices(tf.fill(tf.shape(ids), now), ids))
+                if not is_sharded(var):  # sharded: ShardedDPOptimizer calls mark_shard_rows with its update
+                    self._histories[i].scatter_update(tf.IndexedSlices(tf.fill(tf.shape(ids), now), ids))
             out.append(tf.IndexedSlices(noised, ids, grad.dense_shape))
             count += tf.cast(tf.size(ids), tf.int64) * int(var.shape[1])
         return NoisedGradients(out, count)

@@ -126,10 +126,8 @@ class LazyBinding:
             return
         if table.dtype != tf.float32:
             raise ValueError(f"LazyDP supports float32 tables, got {table.dtype.name} for {layer.name!r}")
+        history = self._new_history(table, f"{layer.name}_lazydp_history")  # sharded like the table
         with tf.init_scope(), tf.device(variable_device(table)):
-            history = tf.Variable(
-                tf.zeros([int(table.shape[0])], tf.int32), trainable=False, name=f"{layer.name}_lazydp_history"
-            )
             flushed_at = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{layer.name}_lazydp_flushed_at")
         self._tables.index[variable_key(table)] = len(self._histories)
         self._tables.variables.append(table)

@@ -19,6 +19,8 @@ import functools
 
 import tensorflow as tf
 
+from tfdp_sparse.distribute.shards import is_sharded, split_ids
+from tfdp_sparse.mechanisms.lazydp_sharded import history_rows, owed_std
 from tfdp_sparse.mechanisms.tables import variable_key
 
 try:  # private, stable across TF 2.x: tells SavedModel tracing apart from training
@@ -70,6 +72,46 @@ def _export_error_type() -> type:
     return ExportWithPendingNoiseError
 
 
+def current_learning_rate(opt, dtype=tf.float32) -> tf.Tensor:
+    """The rate a Keras optimizer's ``apply_gradients`` uses at this step (a schedule at ``iterations``).
+
+    Example: ``current_learning_rate(tf.keras.optimizers.SGD(0.5))`` -> ``0.5``.
+    """
+    lr = getattr(opt, "_learning_rate", None)
+    if callable(lr) and not isinstance(lr, (tf.Variable, tf.Tensor)):  # a LearningRateSchedule
+        return tf.cast(lr(opt.iterations), dtype)
+    return tf.cast(opt.learning_rate, dtype)
+
+
+def _record_rate(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+    """``cum[step] = cum[step - 1] + lr^2``, doubling ``cum`` first when it is full.
+
+    A fixed-length ``cum`` (a cluster's, :func:`tfdp_sparse.distribute.strategy.fixed_shape_variables`)
+    is written on its own server without a branch (a ``tf.cond`` there costs round trips every step) and
+    refuses a step past its capacity.
+    """
+    if cum.shape.is_fully_defined():
+        capacity = int(cum.shape[0])
+        full = tf.debugging.assert_less(
+            step, capacity, message=f"LazyDP's learning-rate history holds {capacity - 1} steps (fixed length on a "
+                                    "cluster: create the mechanism under fixed_shape_variables(capacity) with more "
+                                    "room)")
+        with tf.control_dependencies([full]), tf.device(cum.device):
+            total = tf.gather(cum, step - 1) + lr * lr
+            return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(step, [1])))
+    size = tf.shape(cum)[0]
+
+    def grow():
+        new_size = tf.maximum(2 * size, step + 1)
+        cum.assign(tf.concat([cum, tf.zeros([new_size - size], tf.float64)], axis=0))
+        return tf.constant(True)
+
+    grown = tf.cond(step >= size, grow, lambda: tf.constant(False))
+    with tf.control_dependencies([grown]):
+        total = tf.gather(cum, step - 1) + lr * lr
+        return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(step, [1])))
+
+
 class LazyCatchUp:
     """Mixin of :class:`~tfdp_sparse.mechanisms.lazydp.LazyDP`: deferred noise and its checks."""
 
@@ -80,26 +122,14 @@ class LazyCatchUp:
     @staticmethod
     def _learning_rate(opt) -> tf.Tensor:
         """The rate ``apply_gradients`` uses this step (float64)."""
-        lr = getattr(opt, "_learning_rate", None)
-        if callable(lr) and not isinstance(lr, (tf.Variable, tf.Tensor)):  # a LearningRateSchedule
-            return tf.cast(lr(opt.iterations), tf.float64)
-        return tf.cast(opt.learning_rate, tf.float64)
+        return current_learning_rate(opt, tf.float64)
 
     def _record_learning_rate(self, opt, step: tf.Tensor) -> tf.Tensor:
-        """``lr_sq_cumsum[step] = lr_sq_cumsum[step - 1] + eta_step^2`` (grows by doubling)."""
-        cum = self.lr_sq_cumsum
+        """``lr_sq_cumsum[step] = lr_sq_cumsum[step - 1] + eta_step^2`` (grows by doubling), and its copies."""
         lr = self._learning_rate(opt)
-        size = tf.shape(cum)[0]
-
-        def grow():
-            new_size = tf.maximum(2 * size, step + 1)
-            cum.assign(tf.concat([cum, tf.zeros([new_size - size], tf.float64)], axis=0))
-            return tf.constant(True)
-
-        grown = tf.cond(step >= size, grow, lambda: tf.constant(False))
-        with tf.control_dependencies([grown]):
-            total = tf.gather(cum, step - 1) + lr * lr
-            return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(step, [1])))
+        written = [_record_rate(cum, lr, step) for cum in [self.lr_sq_cumsum, *self._rate_copies]]
+        with tf.control_dependencies(written):
+            return tf.identity(written[0])
 
     def _deferred_noise(self, last: tf.Tensor, k: tf.Tensor, shape, scale: float) -> tf.Tensor:
         """Noise owed by rows whose noise is applied up to ``last`` when caught up to ``k``.
@@ -108,8 +138,7 @@ class LazyCatchUp:
         """
         cum = self.lr_sq_cumsum
         if self.aggregate:
-            owed = tf.gather(cum, k) - tf.gather(cum, tf.minimum(last, k))
-            std = tf.cast(tf.sqrt(tf.maximum(owed, 0.0)), tf.float32) * scale
+            std = owed_std(cum, last, k) * scale
             return self.rng.normal(shape, dtype=tf.float32) * std[:, tf.newaxis]
         start = tf.reduce_min(tf.concat([last, tf.reshape(k, [1])], axis=0))
 
@@ -157,13 +186,20 @@ class LazyCatchUp:
         return None if opt is None else (i, opt)
 
     @_no_autograph
-    def _catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
-        """Training read: rows about to be read receive all their pending noise."""
+    def _catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor, shard_ids=None):
+        """Training read: rows about to be read receive all their pending noise.
+
+        ``shard_ids``: a sharded table's read passes its shard-local ids (:mod:`.lazydp_sharded`).
+        """
         target = self._hook_target(table)
         if target is None:
             return None
-        _, opt = target
+        i, opt = target
         _refuse_xla()
+        if is_sharded(table) and self.aggregate:  # :mod:`.lazydp_sharded`: drawn and written on the servers
+            if shard_ids is None:
+                shard_ids = split_ids(unique_ids, table)
+            return self._server_catch_up(i, table, shard_ids, opt)
         ids, noise = self.owed_rows(table, unique_ids, opt.iterations)
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
         return table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
@@ -185,7 +221,7 @@ class LazyCatchUp:
         ids = tf.cast(unique_ids, tf.int64)
         history = self._histories[i]
         k = tf.cast(completed_steps, tf.int32)
-        last = tf.gather(history, ids)
+        last = history_rows(history, ids)
         noise = self._deferred_noise(last, k, tf.stack([tf.size(ids), width]), self._scale(opt))
         with tf.control_dependencies([noise]):
             update = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))
@@ -278,9 +314,10 @@ class LazyCatchUp:
         ``optimizer.iterations`` to 0 (tests, benchmarks); ``rng`` keeps
         running, so repeats draw independent noise.
         """
-        self.lr_sq_cumsum.assign(tf.zeros_like(self.lr_sq_cumsum))
+        for cum in [self.lr_sq_cumsum, *self._rate_copies]:
+            cum.assign(tf.zeros_like(cum))
         for history, flushed_at in zip(self._histories, self._flushed_at):
-            history.assign(tf.zeros_like(history))
+            history.assign(tf.zeros(history.shape, history.dtype))
             flushed_at.assign(tf.zeros_like(flushed_at))
 
     def _check_consistent(self, opt) -> None:

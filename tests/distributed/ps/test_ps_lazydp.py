@@ -1,0 +1,70 @@
+"""LazyDP on sharded tables: history blocks beside the table shards, catch-up noise drawn on the servers.
+
+Zero-noise parity with one machine is in ``test_ps_parity``, the flush in
+``test_ps_noise`` / ``test_ps_fit``, the bytes in ``test_ps_wire``. Here:
+where the state lives, and the distribution of the server-side catch-up
+(:mod:`tfdp_sparse.mechanisms.lazydp_sharded`): rows first read at step
+``t`` have received ``t`` steps of noise, ``N(0, t (sigma C lr / B)^2)``, once
+read -- KS accepts that std and rejects it scaled by ``1 +- 1/3``, per shard.
+"""
+
+import numpy as np
+import tensorflow as tf
+from scipy import stats
+
+from tfdp_sparse.config import PrivacyConfig
+from tfdp_sparse.mechanisms import build
+
+from .helpers import IDS, cluster_model, cluster_step_fn, table_of
+
+VOCAB, DIM, SIGMA, CLIP, LR, BATCH = 1550, 4, 1.5, 2.0, 1.0, 1
+STD = SIGMA * CLIP * LR / BATCH
+EARLY = 50  # rows [0, EARLY) are read at every step; the others only at the last one
+
+
+def _lazydp():
+    return build(PrivacyConfig(algorithm="lazydp", noise_multiplier=SIGMA, l2_norm_clip=CLIP))
+
+
+def _frozen_dense(model) -> None:
+    """A zero, frozen Dense kernel: every table gradient is exactly zero, so table changes are noise."""
+    model.get_layer("dense").trainable = False
+
+
+def test_history_sharded_like_its_table(ps):
+    strategy, _ = ps
+    model, mechanism, _, _ = cluster_model(strategy, VOCAB, DIM, _lazydp, LR, BATCH)
+    table = model.get_layer("table").embeddings
+    history = mechanism.history_table(model.get_layer("table"))
+    assert len(history.variables) == len(table.variables) == 2
+    for block, shard in zip(history.variables, table.variables):
+        assert block.device == shard.device
+        assert block.shape == [shard.shape[0]] and block.dtype == tf.int32
+    assert len(mechanism._rate_copies) == 2  # one copy of the learning-rate sum per server holding a shard
+
+
+def test_server_catch_up_noise_per_shard(ps):
+    strategy, coordinator = ps
+    model, mechanism, optimizer, recorder = cluster_model(
+        strategy, VOCAB, DIM, _lazydp, LR, BATCH, zero_kernel=True)
+    _frozen_dense(model)
+    step = cluster_step_fn(strategy, model, optimizer, recorder)
+    early = np.arange(EARLY * IDS, dtype=np.int64).reshape(-1, IDS) % EARLY
+    late = np.arange(EARLY, VOCAB, dtype=np.int64).reshape(-1, IDS)  # every late row, read once
+    before = table_of(model)
+    for features in (early, early, late):
+        labels = np.zeros((len(features), 1), np.float32)
+        coordinator.schedule(step, args=(tf.constant(features), tf.constant(labels)))
+        coordinator.join()
+    history = np.concatenate([b.numpy() for b in mechanism.history_table(model.get_layer("table")).variables])
+    np.testing.assert_array_equal(history[EARLY:], 3)  # caught up (to 2), then noised at step 3
+    np.testing.assert_array_equal(history[:EARLY], 2)
+    assert mechanism.pending_rows()["table"] == EARLY
+    delta = table_of(model) - before
+    split = int(model.get_layer("table").embeddings.variables[0].shape[0])
+    for lo, hi in ((EARLY, split), (split, VOCAB)):
+        samples = delta[lo:hi].reshape(-1)
+        assert samples.size >= 1000
+        assert stats.kstest(samples, "norm", args=(0, STD * np.sqrt(3))).pvalue > 1e-3
+        for factor in (2 / 3, 4 / 3):
+            assert stats.kstest(samples, "norm", args=(0, STD * np.sqrt(3) * factor)).pvalue < 1e-6

@@ -1,0 +1,137 @@
+"""LazyDP on sharded tables: history sharded like its table, catch-up drawn and written on each server.
+
+On parameter servers (:mod:`tfdp_sparse.distribute`) a table is a
+``ShardedVariable`` of row blocks. LazyDP keeps its per-row history the same
+way: one int32 block per table shard, on that shard's server (a
+``ShardedVariable`` over the blocks), and a copy of the learning-rate sum
+``lr_sq_cumsum`` on every server holding a shard (each step writes all
+copies).
+
+The catch-up of the rows a step reads (Lim et al., ASPLOS'24, §5.2.1 lazy
+update, §5.2.2 aggregated sampling) then runs on the servers: the worker
+sends each server the local ids of its rows and a 128-bit key drawn from the
+mechanism's generator (the ids are the very tensors the layer's read gathers
+with, :meth:`DPEmbedding._sharded_read`, so they cross the wire once); the server reads the rows' history, draws
+their owed noise from a stateless Philox stream under that key, subtracts it
+from the rows and marks them caught up, before the rows are gathered. The
+noise never crosses the wire and each row read is written over the wire
+once (by the step's update); the extra bytes over non-private SGD are the
+keys and a few scalars per step. The step's rows are
+marked noised on the servers by :meth:`LazySharded.mark_shard_rows`, called
+by the sharded optimizer with the ids its update already sent. Keys never repeat: the generator's state lives on a server and
+advances atomically per draw.
+
+The distribution is the one-machine catch-up's (:mod:`.lazydp_catchup`):
+``N(0, (sigma C / B)^2 (S_k - S_last) I_d)`` per row, ``S`` the running sum
+of squared learning rates; the draws differ (stateless per-server streams).
+``aggregate=False`` (one draw per skipped step, a benchmark baseline) keeps
+the worker-side catch-up on sharded tables.
+
+Example::
+
+    with strategy.scope():
+        model = build_model()                       # DPEmbedding tables -> ShardedVariable
+        mechanism = LazyDP(noise_multiplier=1.0, l2_norm_clip=1.0)
+    mechanism.bind_model(model)                     # history blocks on the tables' servers
+    mechanism.history_table(model.get_layer("table")).variables   # one block per shard
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdp_sparse.distribute.shards import ShardedVariable, is_sharded, split_ids
+from tfdp_sparse.tables import variable_device, variable_key
+
+
+def owed_std(cum: tf.Variable, last: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+    """``sqrt(S_k - S_min(last, k))`` per row (float32), ``S = cum`` the running sum of squared rates.
+
+    Example: ``cum = [0, 1, 2, 3]``, ``last = [0, 2]``, ``k = 3`` -> ``[sqrt(3), 1]``.
+    """
+    owed = tf.gather(cum, k) - tf.gather(cum, tf.minimum(last, k))
+    return tf.cast(tf.sqrt(tf.maximum(owed, 0.0)), tf.float32)
+
+
+def history_rows(history, ids: tf.Tensor) -> tf.Tensor:
+    """``history[ids]`` in the order of ``ids`` (``tf.gather`` on a ``ShardedVariable`` reorders rows)."""
+    return tf.nn.embedding_lookup(history, ids) if is_sharded(history) else tf.gather(history, ids)
+
+
+class LazySharded:
+    """Mixin of :class:`~tfdp_sparse.mechanisms.lazydp.LazyDP`: state and catch-up for sharded tables."""
+
+    def _new_history(self, table, name: str):
+        """An int32 history of ``table``'s rows (zeros), sharded and placed like the table."""
+        with tf.init_scope():
+            if not is_sharded(table):
+                with tf.device(variable_device(table)):
+                    return tf.Variable(tf.zeros([int(table.shape[0])], tf.int32), trainable=False, name=name)
+            blocks = []
+            for k, shard in enumerate(table.variables):
+                with tf.device(shard.device):
+                    blocks.append(tf.Variable(tf.zeros([int(shard.shape[0])], tf.int32), trainable=False,
+                                              name=f"{name}_part_{k}"))
+                self._rate_copy(shard.device)
+            return ShardedVariable(blocks, name=name)
+
+    def _rate_copy(self, device: str) -> tf.Variable:
+        """The copy of ``lr_sq_cumsum`` on ``device`` (created on first use, equal to the original)."""
+        if device in self._rate_copy_devices:
+            return self._rate_copies[self._rate_copy_devices.index(device)]
+        with tf.init_scope(), tf.device(device):
+            copy = tf.Variable(self.lr_sq_cumsum.read_value(), shape=self.lr_sq_cumsum.shape, trainable=False,
+                               name=f"lr_sq_cumsum_copy_{len(self._rate_copies)}")
+        self._rate_copies.append(copy)
+        self._rate_copy_devices.append(device)
+        return copy
+
+    def _server_catch_up(self, i: int, table, shard_ids: list, opt) -> tf.Operation:
+        """Catches rows of sharded table ``i`` up to ``optimizer.iterations``, on the servers.
+
+        ``shard_ids``: unique local ids per shard; from the layer's read, the very tensors
+        it gathers with, so the servers receive them once.
+        """
+        history = self._histories[i]
+        k = tf.cast(opt.iterations, tf.int32)
+        scale = self._scale(opt)
+        seeds = self.rng.make_seeds(len(table.variables))
+        ops = []
+        for s, (shard, block, local) in enumerate(zip(table.variables, history.variables, shard_ids)):
+            cum = self._rate_copy(shard.device)
+            with tf.device(shard.device):
+                ops.append(_catch_up_block(shard, block, cum, local, seeds[:, s], k, scale))
+        return tf.group(*ops)
+
+    def mark_shard_rows(self, table, parts: list) -> list:
+        """``history[rows] = this step`` for the rows of each shard's update (``parts``, local ids).
+
+        Called by :class:`~tfdp_sparse.distribute.optimizer.ShardedDPOptimizer` with the very
+        ``IndexedSlices`` it applies, so the ids already sent for the update are reused on the
+        server (no extra bytes). Empty for tables not bound or sigma 0.
+        """
+        i = self._tables.index.get(variable_key(table))
+        opt = self._optimizer()
+        if i is None or opt is None or self.noise_multiplier == 0:
+            return []
+        now = tf.cast(opt.iterations, tf.int32) + 1
+        ops = []
+        for part, block in zip(parts, self._histories[i].variables):
+            if part is None:
+                continue
+            with tf.device(block.device):
+                ops.append(block.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(part.indices), now), part.indices)))
+        return ops
+
+
+def _catch_up_block(shard: tf.Variable, block: tf.Variable, cum: tf.Variable, local: tf.Tensor, seed: tf.Tensor,
+                    k: tf.Tensor, scale: float) -> tf.Operation:
+    """On one server: ``shard[local] -= owed noise``, then ``block[local] = max(block[local], k)``."""
+    last = tf.gather(block, local)
+    std = owed_std(cum, last, k) * scale
+    width = int(shard.shape[1])
+    noise = tf.random.stateless_normal(tf.stack([tf.size(local), width]), seed=seed, alg="philox")
+    dense_shape = tf.constant(shard.shape.as_list(), tf.int64)
+    written = shard.scatter_sub(tf.IndexedSlices(noise * std[:, tf.newaxis], local, dense_shape))
+    with tf.control_dependencies([written]):
+        return block.scatter_update(tf.IndexedSlices(tf.maximum(last, k), local))

@@ -6,18 +6,24 @@ own network namespace (the script re-executes itself under
 ``unshare -rn`` when it is not in one), trains a one-table model
 (``DPEmbedding(V, d=16)`` with ``L = 4`` ids per example, sum-pooled,
 ``Dense(1)``; Poisson batches of expected size ``B = 256`` drawn by index on
-the worker) with each algorithm through
-:class:`tfdp_sparse.distribute.training.ClusterTrainer`, and measures over
-``--steps`` steps after warm-up:
+the worker; the batch seed is fixed per V so every algorithm trains on the same
+batches) with each algorithm through
+:class:`tfdp_sparse.distribute.training.ClusterTrainer`. At each V all
+algorithms are built and warmed up (2 steps), then measured in ``--rounds``
+alternating rounds of ``--steps`` steps (a slow moment of the shared
+machine hits every algorithm, not one):
 
 * ``bytes_per_step``: every byte that crossed ``lo`` (``/proc/net/dev``,
   with TCP/IP headers) per step;
 * ``update_bytes_per_step`` / ``read_bytes_per_step``: TCP payload worker
   -> servers and servers -> worker (kernel per-socket counters);
-* ``step_ms``: wall time per step (steps scheduled back to back, one join);
+* ``step_ms``: wall time per step, the median over rounds of each round's mean
+  (steps scheduled back to back, one join; the rounds in ``step_ms_rounds``);
 * ``rows_changed``: rows of the table that one more step changed.
 
-Algorithms: ``sgd`` (non-private), ``eana``, ``adafest``, ``lazydp``,
+Algorithms: ``sgd`` (non-private), ``eana``, ``adafest`` (threshold per
+table from the public rule ``false_positives = 16`` rows per step),
+``lazydp``,
 ``dpsgd_worker`` (DP-SGD, table noise added on the worker: the whole table
 is shipped) and ``dpsgd_server`` (DP-SGD, table noise drawn on each server
 inside its shard's update: sparse wire, O(V) server work). Vocabularies
@@ -35,6 +41,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -49,12 +56,14 @@ ALGORITHMS = ("sgd", "eana", "adafest", "lazydp", "dpsgd_worker", "dpsgd_server"
 #: Sparse mechanisms the targets are checked for (EANA is sparse but not DP; listed for comparison).
 SPARSE = ("eana", "adafest", "lazydp")
 DIM, IDS, BATCH, EXAMPLES = 16, 4, 256, 20000
+FALSE_POSITIVES = 16.0
 
 
 def _parse(argv: list) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="also V = 1e7")
-    parser.add_argument("--steps", type=int, default=5, help="measured steps per configuration")
+    parser.add_argument("--steps", type=int, default=5, help="measured steps per configuration and round")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds over the algorithms (time: median)")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--vocab", default="1e4,1e5,1e6")
     parser.add_argument("--limited_vocab", default="1e4,1e6", help="sizes also run under the 1 Gbit/s limit")
@@ -72,7 +81,8 @@ def _mechanism(algorithm: str):
         return ServerNoiseDPSGD(noise_multiplier=1.0, l2_norm_clip=1.0)
     if algorithm == "dpsgd_worker":
         return build(PrivacyConfig(algorithm="dpsgd"))
-    extra = (("tau", 5.0), ("sigma1", 2.0), ("C1", 1.0)) if algorithm == "adafest" else ()
+    # DP-AdaFEST's threshold from the public rule: about FALSE_POSITIVES rows nobody looked up pass per step
+    extra = (("false_positives", FALSE_POSITIVES), ("sigma1", 2.0), ("C1", 1.0)) if algorithm == "adafest" else ()
     return build(PrivacyConfig(algorithm=algorithm, extra=extra))
 
 
@@ -94,22 +104,35 @@ def _table_values(model):
     return np.concatenate([shard.numpy() for shard in table.variables], axis=0)
 
 
-def run_config(cluster, strategy, coordinator, algorithm: str, vocab: int, steps: int, bandwidth: Optional[str]) -> dict:
-    """Trains ``steps`` (+ warm-up) steps of one configuration; returns its JSON line."""
+@dataclasses.dataclass
+class Config:
+    """One algorithm's trainer at one vocabulary, and what was measured so far."""
+
+    algorithm: str
+    vocab: int
+    model: object
+    trainer: object
+    total_bytes: float = 0.0
+    update_bytes: float = 0.0
+    read_bytes: float = 0.0
+    steps: int = 0
+    round_ms: list = dataclasses.field(default_factory=list)
+
+
+def build_config(strategy, coordinator, algorithm: str, vocab: int, capacity: int) -> Config:
+    """The model, mechanism and trainer of one configuration, warmed up (2 steps)."""
     import numpy as np
     import tensorflow as tf
 
-    from tfdp_sparse.distribute.cluster import cluster_roles
     from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
     from tfdp_sparse.distribute.strategy import fixed_shape_variables
     from tfdp_sparse.distribute.training import ClusterTrainer, IndexedExamples
-    from tfdp_sparse.distribute.traffic import TrafficSnapshot
     from tfdp_sparse.noise_source import NoiseSource
 
     rng = np.random.default_rng(vocab)
     data = IndexedExamples(rng.integers(0, vocab, (EXAMPLES, IDS)).astype(np.int64),
                            rng.integers(0, 2, (EXAMPLES, 1)).astype(np.float32))
-    with strategy.scope(), fixed_shape_variables(steps + 16):
+    with strategy.scope(), fixed_shape_variables(capacity):
         model = _model(vocab)
         mechanism = _mechanism(algorithm)
         optimizer = ShardedDPOptimizer(mechanism, learning_rate=0.1, expected_batch_size=BATCH)
@@ -121,25 +144,55 @@ def run_config(cluster, strategy, coordinator, algorithm: str, vocab: int, steps
     mechanism.bind_model(model)
     trainer.schedule(2)
     trainer.join()
-    roles = cluster_roles(cluster)
+    return Config(algorithm, vocab, model, trainer)
+
+
+def measure(config: Config, roles: dict, steps: int) -> None:
+    """Runs ``steps`` more steps back to back (one join) and adds their bytes and time to ``config``."""
+    from tfdp_sparse.distribute.traffic import TrafficSnapshot
+
     before, start = TrafficSnapshot.take(roles), time.perf_counter()
-    trainer.schedule(steps)
-    trainer.join()
+    config.trainer.schedule(steps)
+    config.trainer.join()
     elapsed = time.perf_counter() - start
     delta = TrafficSnapshot.take(roles).minus(before)
-    table_before = _table_values(model)
-    trainer.schedule(1)
-    trainer.join()
-    changed = int(np.sum(np.any(_table_values(model) != table_before, axis=1)))
+    config.total_bytes += delta.total
+    config.update_bytes += delta.links.get(("worker", "ps"), 0)
+    config.read_bytes += delta.links.get(("ps", "worker"), 0)
+    config.steps += steps
+    config.round_ms.append(1000.0 * elapsed / steps)
+
+
+def result_line(config: Config, bandwidth: Optional[str]) -> dict:
+    """The JSON line of a measured configuration; runs one more step to count the rows it changes."""
+    import numpy as np
+
+    table_before = _table_values(config.model)
+    config.trainer.schedule(1)
+    config.trainer.join()
+    changed = int(np.sum(np.any(_table_values(config.model) != table_before, axis=1)))
+    steps = config.steps
     return {
-        "algorithm": algorithm, "vocab": vocab, "bandwidth": bandwidth, "dim": DIM, "ids_per_example": IDS,
-        "expected_batch": BATCH, "workers": 1, "servers": 2, "steps": steps,
-        "bytes_per_step": delta.total / steps,
-        "update_bytes_per_step": delta.links.get(("worker", "ps"), 0) / steps,
-        "read_bytes_per_step": delta.links.get(("ps", "worker"), 0) / steps,
-        "step_ms": 1000.0 * elapsed / steps, "rows_changed": changed,
-        "executed_steps": trainer.executed_steps(), "batches": "fixed seed per V (same for every algorithm)",
+        "algorithm": config.algorithm, "vocab": config.vocab, "bandwidth": bandwidth, "dim": DIM,
+        "ids_per_example": IDS, "expected_batch": BATCH, "workers": 1, "servers": 2, "steps": steps,
+        "rounds": len(config.round_ms),
+        "bytes_per_step": config.total_bytes / steps,
+        "update_bytes_per_step": config.update_bytes / steps,
+        "read_bytes_per_step": config.read_bytes / steps,
+        "step_ms": float(np.median(config.round_ms)), "step_ms_rounds": [round(ms, 3) for ms in config.round_ms],
+        "rows_changed": changed, "executed_steps": config.trainer.executed_steps(),
+        "batches": "fixed seed per V (same for every algorithm)",
     }
+
+
+def run_vocab(strategy, coordinator, roles: dict, algorithms: list, vocab: int, steps: int, rounds: int,
+              bandwidth: Optional[str]) -> list:
+    """All algorithms at one V: built, then measured in ``rounds`` alternating rounds (time = median round)."""
+    configs = [build_config(strategy, coordinator, a, vocab, rounds * steps + 16) for a in algorithms]
+    for _ in range(rounds):
+        for config in configs:
+            measure(config, roles, steps)
+    return [result_line(config, bandwidth) for config in configs]
 
 
 def _set_limit(bandwidth: Optional[str]) -> None:
@@ -206,7 +259,7 @@ def recheck(path: str, plot_path: str = "") -> None:
 
 
 def main(argv: list) -> int:
-    from tfdp_sparse.distribute.cluster import LocalCluster, loopback_only, namespace_command
+    from tfdp_sparse.distribute.cluster import LocalCluster, cluster_roles, loopback_only, namespace_command
 
     if not loopback_only():
         return subprocess.run(namespace_command([sys.executable, "-m", "benchmarks.parameter_server", *argv])).returncode
@@ -222,8 +275,8 @@ def main(argv: list) -> int:
         try:
             for bandwidth, vocab in plan:
                 _set_limit(bandwidth)
-                for algorithm in args.algorithms.split(","):
-                    line = run_config(cluster, strategy, coordinator, algorithm, vocab, args.steps, bandwidth)
+                for line in run_vocab(strategy, coordinator, cluster_roles(cluster), args.algorithms.split(","),
+                                      vocab, args.steps, args.rounds, bandwidth):
                     print(json.dumps(line), flush=True)
                     lines.append(line)
         finally:

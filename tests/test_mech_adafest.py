@@ -230,3 +230,41 @@ def test_bad_config_and_missing_lookups():
     grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([3], tf.int64), tf.constant([10, 2], tf.int64))
     with pytest.raises(ValueError, match="lookups"):
         AdaFEST(1.0, 1.0, 1.0, 1.0, 1.0).privatize([grad], [table], [True])
+
+
+def test_threshold_rule_from_false_positives():
+    """tau_j = sigma1 C1 Phi^-1(1 - r / V_j): exact values, and the inverse of the pass probability."""
+    from scipy import stats
+
+    from tfdp_sparse.selection.false_positives import false_positive_probability, threshold_for_false_positives
+
+    tau = threshold_for_false_positives(16, 10**6, 2.0, 1.5)
+    assert tau == pytest.approx(3.0 * stats.norm.isf(16e-6), rel=1e-12)
+    assert false_positive_probability(tau, 2.0, 1.5) * 10**6 == pytest.approx(16.0, rel=1e-9)
+    assert threshold_for_false_positives(600, 1000, 1.0, 1.0) == 0.0  # r / V >= 1/2
+    plan = mechanisms.build(PrivacyConfig(algorithm="adafest", extra=(("false_positives", 16.0), ("sigma1", 2.0)))).plan
+    assert plan.tau is None and plan.false_positive_rate is None
+    assert plan.thresholds([10**4, 10**6]) == pytest.approx([2 * stats.norm.isf(16e-4), 2 * stats.norm.isf(16e-6)])
+    assert plan.describe()["false_positives_per_step"] == 16.0
+
+
+@pytest.mark.parametrize("extra,match", [
+    ((("sigma1", 1.0), ("tau", 1.0), ("false_positives", 4.0)), "exactly one"),
+    ((("sigma1", 1.0), ("false_positives", 0.0)), "false_positives=0.0 must be > 0"),
+    ((("sigma1", 1.0), ("false_positives", float("inf"))), "false_positives=inf"),
+])
+def test_false_positive_settings_refused(extra, match):
+    with pytest.raises(ValueError, match=match):
+        mechanisms.build(PrivacyConfig(algorithm="adafest", extra=extra))
+
+
+def test_false_positives_per_step_match_the_rule_both_ways():
+    """No row looked up: the rows kept per step are the false positives, Poisson with mean r at any V."""
+    r, steps = 16.0, 60
+    mech = AdaFEST(sigma1=2.0, sigma2=1.0, C1=1.0, false_positives=r, l2_norm_clip=1.0, seed=1)
+    for vocab in (10**4, 10**7):
+        counts = [int(mech.filter([None], [vocab])[0].false_positives.shape[0]) for _ in range(steps)]
+        mean, sem = np.mean(counts), np.sqrt(r / steps)
+        assert abs(mean - r) < 4 * sem
+        for factor in (2 / 3, 4 / 3):
+            assert abs(mean - factor * r) > 4 * sem

@@ -24,7 +24,7 @@ from tfdp_sparse.config import PrivacyConfig
 from trainers import summary
 
 #: Algorithm knobs (flag names = knob names of ``PrivacyConfig.extra``).
-KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "sigma1", "sigma2", "sigma_ratio", "C1", "aggregate",
+KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "false_positives", "sigma1", "sigma2", "sigma_ratio", "C1", "aggregate",
          "dense_fallback")
 
 
@@ -55,6 +55,9 @@ def define_privacy_flags(flag_values: flags.FlagValues) -> None:
     flags.DEFINE_float("selection_epsilon", None, "DP-FEST/AdaFEST+: epsilon per pick of private Gumbel top-k "
                        "(needs --accountant=rdp; single-id features only)", **fv)
     flags.DEFINE_float("tau", None, "DP-AdaFEST: threshold on the noisy contribution map", **fv)
+    flags.DEFINE_float("false_positives", None, "DP-AdaFEST: instead of --tau, the expected rows nobody looked up "
+                       "that pass per table and step; sets each table's threshold from its size (public, no "
+                       "privacy cost)", **fv)
     flags.DEFINE_float("sigma1", None, "DP-AdaFEST: noise multiplier of the contribution map", **fv)
     flags.DEFINE_float("sigma2", None, "DP-AdaFEST: noise multiplier of the gradient (default --noise_multiplier)",
                        **fv)

@@ -59,7 +59,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -178,7 +178,7 @@ def contribution_filter(
     lookups: Sequence[Optional[tf.Tensor]],
     num_buckets: Sequence[int],
     *,
-    tau: float,
+    tau: Union[float, Sequence[float]],
     sigma1: float,
     C1: float,
     rng: tf.random.Generator,
@@ -190,7 +190,8 @@ def contribution_filter(
         or ``None`` if the table was not looked up (all its counts are 0).
       num_buckets: per table the number of rows ``c`` (a Python int; only
         used as a range, never allocated).
-      tau, sigma1, C1: threshold, map noise multiplier, map clip norm.
+      tau: threshold, one for all tables or one per table.
+      sigma1, C1: map noise multiplier, map clip norm.
       rng: the generator all noise comes from.
 
     Returns:
@@ -203,17 +204,20 @@ def contribution_filter(
         out[0].kept_true         # looked-up ids with noisy count >= 10
         out[0].false_positives   # ~ 10**9 * Psi(10 / 2) = 287 never-looked-up ids
     """
-    validate_filter_settings(tau, sigma1, C1)
-    if len(lookups) != len(num_buckets):
-        raise ValueError(f"lookups for {len(lookups)} tables but num_buckets for {len(num_buckets)}")
+    taus = list(tau) if isinstance(tau, (list, tuple)) else [tau] * len(num_buckets)
+    for value in taus:
+        validate_filter_settings(value, sigma1, C1)
+    if len(lookups) != len(num_buckets) or len(taus) != len(num_buckets):
+        raise ValueError(f"lookups for {len(lookups)} tables, num_buckets for {len(num_buckets)}, "
+                         f"thresholds for {len(taus)}")
     weights, pairs = contribution_weights(lookups, C1)
     out = []
-    for pair, size in zip(pairs, num_buckets):
+    for pair, size, table_tau in zip(pairs, num_buckets, taus):
         if pair is None:
             looked_up, counts = tf.zeros([0], tf.int64), tf.zeros([0], tf.float32)
         else:
             looked_up, counts = bucket_counts(pair[0], pair[1], weights)
-        out.append(threshold(looked_up, counts, size, tau=tau, sigma1=sigma1, C1=C1, rng=rng))
+        out.append(threshold(looked_up, counts, size, tau=table_tau, sigma1=sigma1, C1=C1, rng=rng))
     return out
 
 
@@ -270,18 +274,22 @@ class AdaFEST(Mechanism):
       sigma1: noise multiplier of the contribution map (> 0).
       sigma2: noise multiplier of the gradient (>= 0).
       C1: clip norm of the contribution vectors (> 0).
-      tau: threshold (>= 0).
+      tau: threshold (>= 0) for every table, or
+      false_positives: expected false-positive rows per table and step
+        (sets each table's threshold from its size; give one of the two).
       l2_norm_clip: ``C2``, the per-example gradient clip norm.
       seed: seed of the noise generator.
     """
 
     def __init__(
-        self, sigma1: float, sigma2: float, C1: float, tau: float, l2_norm_clip: float, seed: Optional[int] = None
+        self, sigma1: float, sigma2: float, C1: float, l2_norm_clip: float, tau: Optional[float] = None,
+        false_positives: Optional[float] = None, seed: Optional[int] = None,
     ):
-        plan = AdaFESTPlan(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, l2_norm_clip=l2_norm_clip)
+        plan = AdaFESTPlan(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, false_positives=false_positives,
+                           l2_norm_clip=l2_norm_clip)
         super().__init__(plan, seed=seed)
 
-    tau = property(lambda self: self.plan.tau, doc="Threshold on the noisy map.")
+    tau = property(lambda self: self.plan.tau, doc="Threshold on the noisy map (None: per table, false_positives).")
     sigma1 = property(lambda self: self.plan.sigma1, doc="Noise multiplier of the map.")
     sigma2 = property(lambda self: self.plan.sigma2, doc="Noise multiplier of the gradient.")
     C1 = property(lambda self: self.plan.C1, doc="Clip norm of the contribution vectors.")
@@ -295,7 +303,8 @@ class AdaFEST(Mechanism):
 
     def filter(self, lookups: Sequence[Optional[tf.Tensor]], num_buckets: Sequence[int]) -> list[TableFilter]:
         """:func:`contribution_filter` with this mechanism's settings and generator."""
-        return contribution_filter(lookups, num_buckets, tau=self.tau, sigma1=self.sigma1, C1=self.C1, rng=self.rng)
+        return contribution_filter(lookups, num_buckets, tau=self.plan.thresholds(num_buckets), sigma1=self.sigma1,
+                                   C1=self.C1, rng=self.rng)
 
     #: Name used in error messages.
     _label = "DP-AdaFEST"

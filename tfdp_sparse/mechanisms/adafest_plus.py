@@ -34,7 +34,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import dp_accounting
 import tensorflow as tf
@@ -63,7 +63,7 @@ def filter_in_domains(
     lookups: Sequence[Optional[tf.Tensor]],
     domains: Sequence[tf.Tensor],
     *,
-    tau: float,
+    tau: Union[float, Sequence[float]],
     sigma1: float,
     C1: float,
     rng: tf.random.Generator,
@@ -90,7 +90,7 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
 
     Args:
       selection: the preselection (:class:`BucketSelection`).
-      sigma1, sigma2, C1, tau, l2_norm_clip, seed: as for :class:`AdaFEST`.
+      sigma1, sigma2, C1, l2_norm_clip, tau, false_positives, seed: as for :class:`AdaFEST`.
     """
 
     def __init__(
@@ -99,14 +99,15 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
         sigma1: float,
         sigma2: float,
         C1: float,
-        tau: float,
         l2_norm_clip: float,
+        tau: Optional[float] = None,
+        false_positives: Optional[float] = None,
         seed: Optional[int] = None,
     ):
         if not isinstance(selection, BucketSelection):
             raise TypeError(f"selection must be a BucketSelection, got {type(selection).__name__}")
-        plan = AdaFESTPlusPlan(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, l2_norm_clip=l2_norm_clip,
-                               selection=selection.settings)
+        plan = AdaFESTPlusPlan(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, false_positives=false_positives,
+                               l2_norm_clip=l2_norm_clip, selection=selection.settings)
         Mechanism.__init__(self, plan, seed=seed)  # AdaFEST's own __init__ would build AdaFEST's plan
         self.selection = selection
 
@@ -118,10 +119,11 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
         """AdaFEST's filter run inside each table's preselected (kept) rows."""
         kept = self.selection.kept_sets(variables, is_table)
         tables = [i for i, t in enumerate(is_table) if t]
+        domains = [kept[i] for i in tables]
         filters = filter_in_domains(
             [lookups[i] for i in tables],
-            [kept[i] for i in tables],
-            tau=self.tau,
+            domains,
+            tau=self.plan.thresholds([int(d.shape[0]) for d in domains]),  # false positives among kept rows
             sigma1=self.sigma1,
             C1=self.C1,
             rng=self.rng,

@@ -42,6 +42,7 @@ from tfdp_sparse.data.sampling import bernoulli_positions
 
 __all__ = [
     "false_positive_probability",
+    "threshold_for_false_positives",
     "sample_false_positives",
     "sample_false_positives_tf",
 ]
@@ -49,6 +50,31 @@ __all__ = [
 _MAX_BUCKETS = 2 ** 62
 # float64 represents every integer up to 2**53 (TF binomial takes float counts).
 _MAX_BUCKETS_TF = 2 ** 53
+
+
+def threshold_for_false_positives(expected: float, num_buckets: int, sigma1: float, C1: float) -> float:
+    """The threshold τ at which ``expected`` of ``num_buckets`` zero-count buckets pass per step.
+
+    ``τ = σ1·C1·Φ⁻¹(1 − r/V)`` (``r = expected``, ``V = num_buckets``), the
+    inverse of :func:`false_positive_probability`; 0 when ``r/V >= 1/2``.
+    It depends on public numbers only (a table's size and a chosen rate), so
+    it costs no privacy; it keeps DP-AdaFEST's false positives, and with them
+    the rows one step writes, at about ``r`` per table whatever ``V`` is
+    (a fixed τ lets them grow as ``V·Ψ(τ/(σ1 C1))``).
+
+    Example:
+      >>> round(threshold_for_false_positives(16, 10**6, 2.0, 1.0), 3)   # 2 Φ⁻¹(1 - 1.6e-5)
+      8.317
+    """
+    expected = float(expected)
+    if not math.isfinite(expected) or expected <= 0:
+        raise ValueError(f"expected false positives per step must be > 0, got {expected!r}")
+    if int(num_buckets) < 1:
+        raise ValueError(f"num_buckets must be >= 1, got {num_buckets!r}")
+    rate = expected / int(num_buckets)
+    if rate >= 0.5:
+        return 0.0
+    return float(sigma1) * float(C1) * float(stats.norm.isf(rate))
 
 
 def false_positive_probability(tau: float, sigma1: float, C1: float) -> float:

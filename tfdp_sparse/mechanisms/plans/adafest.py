@@ -7,7 +7,10 @@ the gradient restricted to the kept rows (multiplier ``sigma2``, sensitivity
 ``(sigma1^-2 + sigma2^-2)^-1/2`` (Dong, Roth & Su 2019, Cor. 3.3), so one step
 is ``PoissonSampled(q, Gaussian(sigma))`` for PLD and RDP alike.
 
-Knobs: ``tau`` (required, ``>= 0``), ``C1`` (default 1.0), ``sigma1`` and
+Knobs: the threshold, either ``tau`` (``>= 0``, one for every table) or
+``false_positives`` (``r > 0``: per table ``tau_j = sigma1 C1 Phi^-1(1 - r/V_j)``,
+so about ``r`` rows nobody looked up pass per table and step whatever its
+size ``V_j``; a public rule on public sizes, no privacy cost), ``C1`` (default 1.0), ``sigma1`` and
 optionally ``sigma2`` (default ``noise_multiplier``), or instead
 ``sigma_ratio = sigma1/sigma2`` (then ``noise_multiplier`` is the effective σ,
 so calibrating it calibrates the run).
@@ -23,15 +26,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Optional
+from typing import Optional, Sequence
 
 import dp_accounting
 
 from tfdp_sparse.mechanisms.plans.base import Plan, Requirements, gaussian_step_event
-from tfdp_sparse.selection.false_positives import false_positive_probability
+from tfdp_sparse.selection.false_positives import false_positive_probability, threshold_for_false_positives
 
 #: Knobs of ``PrivacyConfig.extra`` this algorithm accepts (the registry refuses others).
-KNOBS: frozenset = frozenset({"tau", "sigma1", "sigma2", "sigma_ratio", "C1"})
+KNOBS: frozenset = frozenset({"tau", "false_positives", "sigma1", "sigma2", "sigma_ratio", "C1"})
 
 
 def _finite(value, name: str) -> float:
@@ -91,16 +94,38 @@ class AdaFESTPlan(Plan):
     sigma1: float
     sigma2: float
     C1: float
-    tau: float
+    tau: Optional[float] = None
+    false_positives: Optional[float] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        tau, sigma1, C1 = validate_filter_settings(self.tau, self.sigma1, self.C1)
+        if (self.tau is None) == (self.false_positives is None):
+            raise ValueError(
+                "DP-AdaFEST needs exactly one threshold setting: tau (one threshold for every table) or "
+                f"false_positives (expected rows passing per table and step), got tau={self.tau!r}, "
+                f"false_positives={self.false_positives!r}")
+        if self.false_positives is not None:
+            r = _finite(self.false_positives, "false_positives")
+            if r <= 0:
+                raise ValueError(f"false_positives={r!r} must be > 0 (expected false-positive rows per table and step)")
+            object.__setattr__(self, "false_positives", r)
+        tau, sigma1, C1 = validate_filter_settings(0.0 if self.tau is None else self.tau, self.sigma1, self.C1)
         sigma2 = _finite(self.sigma2, "sigma2")
         if sigma2 < 0:
             raise ValueError(f"sigma2={sigma2!r} must be >= 0 (noise multiplier of the gradient)")
-        for field, value in (("tau", tau), ("sigma1", sigma1), ("C1", C1), ("sigma2", sigma2)):
+        for field, value in (("sigma1", sigma1), ("C1", C1), ("sigma2", sigma2)):
             object.__setattr__(self, field, value)
+        if self.tau is not None:
+            object.__setattr__(self, "tau", tau)
+
+    def thresholds(self, num_buckets: Sequence[int]) -> list[float]:
+        """The threshold of each table of ``num_buckets`` rows (``tau``, or the ``false_positives`` rule).
+
+        Example: ``false_positives=16, sigma1=2, C1=1`` -> ``[6.17, 8.32]`` for tables of 1e4 and 1e6 rows.
+        """
+        if self.tau is not None:
+            return [self.tau] * len(num_buckets)
+        return [threshold_for_false_positives(self.false_positives, int(v), self.sigma1, self.C1) for v in num_buckets]
 
     @property
     def effective_noise_multiplier(self) -> float:
@@ -108,9 +133,9 @@ class AdaFESTPlan(Plan):
         return effective_noise_multiplier(self.sigma1, self.sigma2)
 
     @property
-    def false_positive_rate(self) -> float:
-        """Probability that a bucket nobody looked up passes the threshold."""
-        return false_positive_probability(self.tau, self.sigma1, self.C1)
+    def false_positive_rate(self) -> Optional[float]:
+        """Probability that a bucket nobody looked up passes a fixed ``tau`` (``None``: per table, ``r / V_j``)."""
+        return None if self.tau is None else false_positive_probability(self.tau, self.sigma1, self.C1)
 
     def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
         """``PoissonSampled(q, Gaussian((sigma1^-2 + sigma2^-2)^-1/2))``."""
@@ -127,12 +152,14 @@ class AdaFESTPlan(Plan):
             "effective_noise_multiplier": self.effective_noise_multiplier,
             "C1": self.C1,
             "tau": self.tau,
+            "false_positives_per_step": self.false_positives,
             "false_positive_rate": self.false_positive_rate,
         }
 
     def noise_settings(self) -> dict:
-        """``sigma1``, ``sigma2``, ``C1``, ``tau`` as keyword arguments of the TF rule."""
-        return {"sigma1": self.sigma1, "sigma2": self.sigma2, "C1": self.C1, "tau": self.tau}
+        """``sigma1``, ``sigma2``, ``C1``, ``tau``, ``false_positives`` as keyword arguments of the TF rule."""
+        return {"sigma1": self.sigma1, "sigma2": self.sigma2, "C1": self.C1, "tau": self.tau,
+                "false_positives": self.false_positives}
 
     def make_rule(self, seed: Optional[int] = None):
         from tfdp_sparse.mechanisms.adafest import AdaFEST
@@ -142,9 +169,10 @@ class AdaFESTPlan(Plan):
 
 def noise_settings_from_config(config) -> dict:
     """``sigma1``, ``sigma2``, ``C1``, ``tau`` from the knobs (see the module docstring)."""
-    tau = config.knob("tau")
-    if tau is None:
-        raise ValueError("knob tau (threshold on the noisy contribution map) must be set for DP-AdaFEST")
+    tau, false_positives = config.knob("tau"), config.knob("false_positives")
+    if (tau is None) == (false_positives is None):
+        raise ValueError("DP-AdaFEST needs exactly one of the knobs tau (threshold on the noisy contribution map) "
+                         "and false_positives (expected false-positive rows per table and step; sets tau per table)")
     ratio, sigma1, sigma2 = config.knob("sigma_ratio"), config.knob("sigma1"), config.knob("sigma2")
     if ratio is not None:
         if sigma1 is not None or sigma2 is not None:
@@ -163,9 +191,10 @@ def noise_settings_from_config(config) -> dict:
                 "cannot calibrate it: give sigma_ratio (then the effective sigma is calibrated) or only sigma1"
             )
         sigma2 = config.noise_multiplier if sigma2 is None else sigma2
-    return {"sigma1": sigma1, "sigma2": sigma2, "C1": config.knob("C1", 1.0), "tau": tau}
+    return {"sigma1": sigma1, "sigma2": sigma2, "C1": config.knob("C1", 1.0), "tau": tau,
+            "false_positives": false_positives}
 
 
 def plan_from_config(config) -> AdaFESTPlan:
-    """Registry constructor; knobs ``tau``, ``C1``, ``sigma1``/``sigma2`` or ``sigma_ratio``."""
+    """Registry constructor; knobs ``tau`` or ``false_positives``, ``C1``, ``sigma1``/``sigma2`` or ``sigma_ratio``."""
     return AdaFESTPlan(l2_norm_clip=config.l2_norm_clip, **noise_settings_from_config(config))

@@ -8,7 +8,8 @@ closure runs on whichever worker is free and
    a closure the coordinator retries after a worker failure -- is one step;
 2. draws its batch: every example of the whole data set ``[0, N)`` joins
    independently with probability ``q`` (Poisson sampling, Abadi et al.
-   2016 §3.1), from a stateless uniform stream keyed by a seed taken from a
+   2016 §3.1; drawn in O(batch) as a Binomial count and a uniform subset),
+   from a stateless stream keyed by a seed taken from a
    generator whose state lives on a server. Each draw advances that state
    atomically, so two executions never share a batch or noise key, even
    with a global seed set and several workers; the worker then reads its
@@ -66,6 +67,7 @@ import tensorflow as tf
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
 from tfdp_sparse.noise_source import NoiseSource
+from tfdp_sparse.selection.false_positives import sample_false_positives_tf
 
 #: Stream of the batch-seed generator in :meth:`NoiseSource.tf_generator`.
 BATCH_STREAM = 29
@@ -86,11 +88,13 @@ class IndexedExamples:
 def poisson_batch_indices(seed: tf.Tensor, num_examples: int, rate: float) -> tf.Tensor:
     """Indices (sorted, int64) of examples that each join with probability ``rate``, from stream ``seed``.
 
-    O(N) uniform draws on the worker. Example: ``poisson_batch_indices(seed, 1000, 0.01)`` has
-    about 10 entries.
+    Poisson sampling in O(batch), never O(N): ``K ~ Binomial(N, rate)``, then a
+    uniform K-subset of ``[0, N)`` (the same law as N independent coins;
+    :func:`tfdp_sparse.selection.false_positives.sample_false_positives_tf` with
+    nothing excluded). Example: ``poisson_batch_indices(seed, 10**12, 1e-9)`` has
+    about 1000 entries and allocates nothing of size 10**12.
     """
-    draws = tf.random.stateless_uniform([num_examples], seed=seed, alg="philox")
-    return tf.where(draws < rate)[:, 0]
+    return sample_false_positives_tf(int(num_examples), tf.zeros([0], tf.int64), float(rate), seed)
 
 
 class ClusterTrainer:

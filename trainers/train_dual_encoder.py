@@ -37,6 +37,10 @@ pCTR trainer's fields (``algorithm, epsilon, delta, noise_multiplier, steps,
 examples_per_sec, gradient_size, ...``) plus ``precision@k`` / ``recall@k``
 for k in 1, 5, 10, 20 over the full catalogue on held-out users.
 
+``--cluster=local_ps:W,P`` (or ``TF_CONFIG``) trains on parameter servers
+(:mod:`trainers.lib.cluster`: same settings, accounting and JSON fields,
+evaluation on this machine).
+
 DP-FEST / DP-AdaFEST+ need a public prior (``--frequency_file``, features
 numbered by table: 0 = context table, 1 = label table unless
 ``--share_embeddings``, then the position table of the transformer tower);
@@ -72,6 +76,7 @@ from trainers import loop as loop_lib
 from trainers import common_flags
 from trainers import summary
 from trainers import tensorboard
+from trainers.lib import cluster as cluster_lib
 
 FLAGS = flags.FLAGS
 
@@ -122,6 +127,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       "(tpu_emulator; bag-of-words tower, no shared table, not with lazydp), or a TPU (tpu: only "
                       "under a TPUStrategy)", **fv)
     common_flags.define_tensorboard_flag(flag_values)
+    flags.DEFINE_string("cluster", "", cluster_lib.FLAG_HELP, **fv)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +156,8 @@ class DualEncoderRun:
     data: DataConfig
     model: dual_encoder.DualEncoderConfig  # num_rows is replaced by the data's
     metrics_out: Optional[str] = None
+    #: ``--cluster``: '' (one machine), 'local_ps:W,P' or 'TF_CONFIG' (:mod:`trainers.lib.cluster`).
+    cluster: str = ""
 
 
 def movielens_outside_guarantee(config: DataConfig) -> list[str]:
@@ -266,6 +274,13 @@ def train_model(run: DualEncoderRun, train, num_rows: int):
     check_compatible(run.privacy, config)
     if int(np.max(train["label"])) >= num_rows or int(np.max(train["context"])) >= num_rows:
         raise ValueError(f"training ids exceed the {num_rows - 1} movies of the vocabulary")
+    if run.cluster:  # parameter servers: trained there, evaluated here (trainers.lib.cluster)
+        arrays = {"context": np.asarray(train["context"], np.int64), "label": np.asarray(train["label"], np.int64)}
+        result, model = cluster_lib.train_on_cluster(
+            run.cluster, lambda: dual_encoder.build_dual_encoder(config, seed=run.loop.seed),
+            lambda m: m.per_example_loss, arrays, run.privacy, run.loop, feature_names=("context", "label"),
+            sensitivity_caveat=sensitivity_caveat(config))
+        return model, result
     model = dual_encoder.build_dual_encoder(config, seed=run.loop.seed)
     result = loop_lib.train_privately(model, model.per_example_loss, train, run.privacy, run.loop,
                                       features=example_features, sensitivity_caveat=sensitivity_caveat(config),
@@ -292,6 +307,8 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
         extra.update(num_negatives=run.model.num_negatives,
                      negative_distribution=run.model.negative_distribution.value)
     extra.update(privacy_unit="example", privacy_unit_note=PRIVACY_UNIT_NOTE)
+    if run.cluster:
+        extra.update(cluster_lib.cluster_fields(run.cluster, result))
     metrics = summary.metrics_line(result, auc=None, dense_embedding_values=dense_embedding_values(model),
                                    extra=extra)
     metrics.pop("auc", None)
@@ -344,10 +361,14 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
         negatives=fv.negatives or default_negatives(mechanisms.plan(privacy)), num_negatives=fv.num_negatives,
         negative_distribution=fv.negative_distribution,
     ).validate()
-    return DualEncoderRun(privacy=privacy, loop=loop, data=data, model=model, metrics_out=fv.metrics_out)
+    return DualEncoderRun(privacy=privacy, loop=loop, data=data, model=model, metrics_out=fv.metrics_out,
+                          cluster=fv.cluster)
 
 
 def main(argv):
+    code = cluster_lib.reexec_in_namespace(FLAGS.cluster, "trainers.train_dual_encoder")  # local_ps: loopback-only
+    if code is not None:
+        return code
     return common_flags.run_app(lambda: train_and_evaluate(run_from_flags()), argv)
 
 

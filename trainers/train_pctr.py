@@ -48,8 +48,6 @@ if __name__ == "__main__":  # before TensorFlow is imported: no C++ startup nois
 
 import dataclasses
 import logging
-import subprocess
-import sys
 import time
 from typing import Callable, Optional
 
@@ -71,6 +69,7 @@ from trainers import periods
 from trainers import common_flags
 from trainers import summary
 from trainers import tensorboard
+from trainers.lib import cluster as cluster_lib
 
 FLAGS = flags.FLAGS
 
@@ -125,9 +124,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; not with lazydp)", **fv)
     flags.DEFINE_boolean("compare_dpsgd_step", False, "also time dense DP-SGD steps on this model and print the "
                          "ratio", **fv)
-    flags.DEFINE_string("cluster", "", "'' (one machine), 'local_ps:W,P' (a loopback parameter-server cluster of W "
-                        "workers and P servers, started in its own network namespace) or 'TF_CONFIG' (join the "
-                        "cluster in the TF_CONFIG environment variable): tfdp_sparse.distribute", **fv)
+    flags.DEFINE_string("cluster", "", cluster_lib.FLAG_HELP, **fv)
     flags.DEFINE_enum("embedding_backend", EmbeddingBackend.KERAS.value, [b.value for b in EmbeddingBackend],
                       "where the tables live: keras variables, the TPU program on its exact CPU emulator "
                       "(tpu_emulator), or a TPU (tpu: only under a TPUStrategy)", **fv)
@@ -550,33 +547,25 @@ def train_and_evaluate(run: PctrRun) -> dict:
 
 def _train_on_cluster(run: PctrRun, data: PctrData, vocab_sizes, privacy: PrivacyConfig,
                       loop: loop_lib.LoopConfig) -> dict:
-    """``--cluster``: trains on parameter servers (:mod:`tfdp_sparse.distribute.run`), evaluates and exports here."""
-    from tfdp_sparse.distribute import cluster as cluster_lib
-    from tfdp_sparse.distribute import run as cluster_run
-
-    request = cluster_lib.parse_cluster_flag(run.cluster)
-    unsupported = {"streaming_periods": run.streaming_periods, "model_dir": loop.model_dir,
-                   "target_epsilon": privacy.target_epsilon, "tensorboard_dir": loop.tensorboard_dir}
-    for name, value in unsupported.items():
-        if value is not None:
-            raise ValueError(f"--cluster={run.cluster} does not support {name}={value!r} yet: train on one machine "
-                             "for it, or drop the setting")
+    """``--cluster``: trains on parameter servers (:mod:`trainers.lib.cluster`), evaluates and exports here."""
+    if run.streaming_periods is not None:
+        raise ValueError(f"--cluster={run.cluster} does not support streaming_periods={run.streaming_periods}: "
+                         "train on one machine for it")
     train = data.train
-    n = len(train["label"])
-    delta = privacy.delta if privacy.delta is not None else 1.0 / n
+    arrays = {"cat": np.asarray(train["cat"], np.int64), "dense": np.asarray(train["dense"], np.float32),
+              "label": np.asarray(train["label"], np.float32).reshape(-1, 1)}
     config = pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden)
-    result = cluster_run.train_on_cluster(
-        cluster_run.ClusterRun(request, loop.steps, loop.batch_size, loop.learning_rate, noise_seed=loop.noise_seed),
-        lambda: pctr.build_pctr_model(config, seed=loop.seed), pctr.per_example_loss,
-        {"cat": np.asarray(train["cat"], np.int64), "dense": np.asarray(train["dense"], np.float32)},
-        np.asarray(train["label"], np.float32).reshape(-1, 1), privacy, delta)
-    metrics = {"algorithm": privacy.algorithm, "cluster": run.cluster, "workers": result.workers,
-               "servers": result.servers, "steps": result.scheduled_steps, "executed_steps": result.executed_steps,
-               "epsilon": result.epsilon, "delta": delta, "not_private_reason": result.not_private_reason,
-               "step_ms": round(result.step_ms, 2), "auc": evaluate_auc(result.model, data.evaluation),
-               "noise_private": loop.noise_seed is None}
+    result, model = cluster_lib.train_on_cluster(
+        run.cluster, lambda: pctr.build_pctr_model(config, seed=loop.seed), lambda _: pctr.per_example_loss,
+        arrays, privacy, loop, feature_names=("cat", "dense"), pre_training=data.pre_training)
+    auc = evaluate_auc(model, data.evaluation)
+    tensorboard.write_evaluation(loop.tensorboard_dir, result.steps, {"auc": auc, "epsilon": result.epsilon})
+    info = {**data.info, **cluster_lib.cluster_fields(run.cluster, result)}
+    info["outside_guarantee"] = [*info.get("outside_guarantee", []), *tensorboard.outside_guarantee(loop.tensorboard_dir)]
+    metrics = summary.metrics_line(result, auc=auc, dense_embedding_values=sum(v * pctr.embedding_dim(v) for v in vocab_sizes),
+                                   extra=info)
     if run.export_dir:
-        export_lib.export_saved_model(pctr.PctrServing(result.model), run.export_dir, None)
+        export_lib.export_saved_model(pctr.PctrServing(model), run.export_dir, None)
         metrics["export_dir"] = run.export_dir
     summary.emit(metrics, run.metrics_out)
     return metrics
@@ -660,12 +649,9 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
 
 
 def main(argv):
-    from tfdp_sparse.distribute import cluster as cluster_lib
-
-    request = cluster_lib.parse_cluster_flag(FLAGS.cluster)
-    if request is not None and request.kind is cluster_lib.ClusterKind.LOCAL and not cluster_lib.loopback_only():
-        # tf.distribute servers bind 0.0.0.0: run this trainer again inside its own loopback-only namespace
-        return subprocess.run(cluster_lib.namespace_command([sys.executable, "-m", "trainers.train_pctr", *sys.argv[1:]])).returncode
+    code = cluster_lib.reexec_in_namespace(FLAGS.cluster, "trainers.train_pctr")  # local_ps: loopback-only
+    if code is not None:
+        return code
     return common_flags.run_app(lambda: train_and_evaluate(run_from_flags()), argv)
 
 

@@ -6,23 +6,28 @@ chief; ``TF_CONFIG``: join the cluster it describes), builds the model and
 the mechanism under ``ParameterServerStrategy`` (tables sharded over the
 servers), runs ``steps`` coordinator-scheduled private steps
 (:class:`~tfdp_sparse.distribute.training.ClusterTrainer`: Poisson batches by
-index, the ledger charged per *executed* step), applies any deferred noise
-(LazyDP ``flush``) and copies the weights into a model built on this machine
-for evaluation and export.
+index, ``ledger`` charged per *executed* step, progress logged every
+``log_every`` steps), applies any deferred noise (LazyDP ``flush``) and
+copies the weights into a model built on this machine for evaluation and
+export. Settings (δ, σ calibration, budget) are the caller's:
+:mod:`trainers.lib.cluster`.
 
 Example::
 
+    ledger = PrivacyLedger()
     result = train_on_cluster(ClusterRun(parse_cluster_flag("local_ps:1,2"), steps=100,
                                          batch_size=256, learning_rate=0.1),
-                              build_model, loss_fn, features, labels, PrivacyConfig(algorithm="eana"),
-                              delta=1e-6)
+                              build_model, lambda model: loss_fn, features, labels,
+                              PrivacyConfig(algorithm="eana"), ledger)
     result.model            # a local tf.keras.Model with the trained weights
+    ledger.steps            # executed steps (a retried closure counts again)
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from typing import Callable, Optional
 
@@ -35,7 +40,10 @@ from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
 from tfdp_sparse.distribute.strategy import fixed_shape_variables, make_strategy
 from tfdp_sparse.distribute.training import ClusterTrainer, IndexedExamples
 from tfdp_sparse.mechanisms import build
+from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.noise_source import NoiseSource
+
+log = logging.getLogger("tfdp_sparse.train")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,19 +56,21 @@ class ClusterRun:
     learning_rate: float
     min_rows: int = 1024
     noise_seed: Optional[int] = None
+    log_every: int = 100
+    #: optimizer of the non-table variables (``None``: the DP optimizer's SGD), made under the strategy
+    dense_optimizer: Optional[Callable[[], tf.keras.optimizers.Optimizer]] = None
 
 
 @dataclasses.dataclass
 class ClusterResult:
-    """What a cluster run did: the trained local model, executed steps, ε and timing."""
+    """What a cluster run did: the trained local model, the mechanism and optimizer, executed steps, timing."""
 
     model: tf.keras.Model
+    mechanism: Mechanism
+    optimizer: ShardedDPOptimizer
     scheduled_steps: int
     executed_steps: int
-    epsilon: Optional[float]
-    not_private_reason: Optional[str]
     step_ms: float
-    ledger: PrivacyLedger
     workers: int
     servers: int
 
@@ -84,9 +94,13 @@ def copy_to_local(source: tf.keras.Model, target: tf.keras.Model) -> None:
             dst.set_weights(src.get_weights())
 
 
-def train_on_cluster(run: ClusterRun, build_model: Callable[[], tf.keras.Model], loss_fn: Callable,
-                     features, labels, privacy: PrivacyConfig, delta: float) -> ClusterResult:
-    """Trains on the cluster of ``run.request`` (see module doc); returns a :class:`ClusterResult`."""
+def train_on_cluster(run: ClusterRun, build_model: Callable[[], tf.keras.Model],
+                     loss_for: Callable[[tf.keras.Model], Callable], features, labels, privacy: PrivacyConfig,
+                     ledger: PrivacyLedger) -> ClusterResult:
+    """Trains on the cluster of ``run.request`` (see module doc); charges ``ledger`` per executed step.
+
+    ``loss_for(model)`` is the per-example loss of a model built by ``build_model``.
+    """
     data = IndexedExamples(features, labels)
     rate = run.batch_size / data.size
     with _cluster(run.request) as (resolver, workers, servers):
@@ -94,29 +108,30 @@ def train_on_cluster(run: ClusterRun, build_model: Callable[[], tf.keras.Model],
         with strategy.scope(), fixed_shape_variables(run.steps + 8 * workers + 16):
             model = build_model()
             mechanism = build(privacy, seed=run.noise_seed)
+            dense = run.dense_optimizer() if run.dense_optimizer is not None else None
             optimizer = ShardedDPOptimizer(mechanism, learning_rate=run.learning_rate,
-                                           expected_batch_size=run.batch_size)
+                                           expected_batch_size=run.batch_size, dense_optimizer=dense)
         if mechanism.needs_private_selection:
             raise ValueError(f"{mechanism.name} with private selection from training counts is not supported with "
                              "--cluster yet: give it a public kept set (kept_ids or frequency_file)")
-        trainer = ClusterTrainer(strategy, coordinator, model, loss_fn, optimizer, data, rate,
+        trainer = ClusterTrainer(strategy, coordinator, model, loss_for(model), optimizer, data, rate,
                                  noise_source=NoiseSource(run.noise_seed), num_workers=workers)
         mechanism.bind_model(model)
         start = time.perf_counter()
-        trainer.schedule(run.steps)
-        trainer.join()
+        done = 0
+        while done < run.steps:
+            chunk = min(max(run.log_every, 1), run.steps - done)
+            trainer.schedule(chunk)
+            trainer.join()
+            done += chunk
+            trainer.record_executed(ledger)
+            log.info("cluster step %d/%d (executed %d), %.1f ms/step", done, run.steps, trainer.executed_steps(),
+                     1000.0 * (time.perf_counter() - start) / done)
         elapsed = time.perf_counter() - start
-        ledger = PrivacyLedger()
-        setup = mechanism.setup_event()
-        if setup is not None:
-            ledger.record(setup)
-        trainer.record_executed(ledger)
         mechanism.flush()
         local = build_model()
         copy_to_local(model, local)
         executed = trainer.executed_steps()
-    reason = mechanism.not_private_reason()
-    epsilon = None if reason is not None else ledger.epsilon(delta, privacy.accountant)
-    return ClusterResult(model=local, scheduled_steps=run.steps, executed_steps=executed, epsilon=epsilon,
-                         not_private_reason=reason, step_ms=1000.0 * elapsed / max(run.steps, 1), ledger=ledger,
-                         workers=workers, servers=servers)
+    return ClusterResult(model=local, mechanism=mechanism, optimizer=optimizer, scheduled_steps=run.steps,
+                         executed_steps=executed, step_ms=1000.0 * elapsed / max(run.steps, 1), workers=workers,
+                         servers=servers)

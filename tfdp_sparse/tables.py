@@ -80,6 +80,8 @@ def table_refs(model) -> list[TableRef]:
         if not isinstance(table, (tf.Variable, tf.__internal__.distribute.ShardedVariable)):
             continue
         key = variable_key(table)
-        if key in order and key not in found:
+        first = table_parts(table)[0].ref()  # Keras lists a sharded table's shards, not the table
+        if (key in order or first in order) and key not in found:
             found[key] = TableRef(table, getattr(layer, "name", table.name), int(table.shape[0]), int(table.shape[1]))
+            order.setdefault(key, order.get(first))
     return sorted(found.values(), key=lambda ref: order[ref.key])

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tfdp_sparse.mechanisms.plans.base import TableInfo
 from tfdp_sparse.mechanisms.plans.selection import SelectionSettings
-from tfdp_sparse.mechanisms.tables import embedding_tables
+from tfdp_sparse.mechanisms.tables import embedding_tables, variable_key
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.selection import frequency, gumbel
 
@@ -202,7 +202,7 @@ class BucketSelection(tf.Module):
         else:
             ordered = tables
         for f, (var, name) in enumerate(ordered):
-            binding.feature_of[var.ref()] = f
+            binding.feature_of[variable_key(var)] = f
             binding.names.append(name)
             binding.sizes.append(int(var.shape[0]))
         if self._vocab_sizes is not None and self._vocab_sizes != binding.sizes:
@@ -342,7 +342,7 @@ class BucketSelection(tf.Module):
         if self._binding.feature_of:
             features = []
             for i in positions:
-                f = self._binding.feature_of.get(variables[i].ref())
+                f = self._binding.feature_of.get(variable_key(variables[i]))
                 if f is None:
                     raise ValueError(f"embedding table {variables[i].name} was not seen by bind_model(model)")
                 features.append(f)

@@ -12,6 +12,7 @@ from .helpers import batch, build_model, cluster_model, cluster_step_fn, copy_we
 
 VOCAB, DIM, LR, BATCH = 200, 4, 0.5, 8
 CLIP = 0.05  # small: every example is clipped
+KEPT = tuple(range(0, VOCAB, 3))
 # DP-AdaFEST: a map noise of 1e-6 against tau = 0.5 keeps exactly the looked-up rows on both sides.
 
 MECHANISMS = {
@@ -21,6 +22,12 @@ MECHANISMS = {
     "adafest": lambda: build(PrivacyConfig(algorithm="adafest", noise_multiplier=0.0, l2_norm_clip=CLIP,
                                            extra=(("tau", 0.5), ("sigma1", 1e-6), ("sigma2", 0.0), ("C1", 1.0)))),
     "lazydp": lambda: build(PrivacyConfig(algorithm="lazydp", noise_multiplier=0.0, l2_norm_clip=CLIP)),
+    # public kept sets (every third row): rows outside them never move, on the cluster as on one machine
+    "dpfest": lambda: build(PrivacyConfig(algorithm="dpfest", noise_multiplier=0.0, l2_norm_clip=CLIP,
+                                          extra=(("kept_ids", (KEPT,)),))),
+    "adafest_plus": lambda: build(PrivacyConfig(
+        algorithm="adafest_plus", noise_multiplier=0.0, l2_norm_clip=CLIP,
+        extra=(("kept_ids", (KEPT,)), ("tau", 0.5), ("sigma1", 1e-6), ("sigma2", 0.0), ("C1", 1.0)))),
     "dpsgd_server": lambda: ServerNoiseDPSGD(noise_multiplier=0.0, l2_norm_clip=CLIP),
 }
 

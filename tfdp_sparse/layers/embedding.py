@@ -35,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Callable, Optional
 
@@ -46,6 +47,18 @@ from tfdp_sparse.distribute.shards import is_sharded, locate_rows
 ReadHook = Callable[[tf.Variable, tf.Tensor], Optional[tf.Operation]]
 
 _COMBINERS = ("sum", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRows:
+    """What a training read hook of a sharded table may return instead of an op: the rows, read by the hook.
+
+    ``parts[s]``: the rows of shard ``s`` at the local ids the hook was given, in their
+    order. LazyDP reads ``row - owed noise`` on each server while it writes the noise
+    there, so the read does not wait for the write (:mod:`tfdp_sparse.mechanisms.lazydp_sharded`).
+    """
+
+    parts: list
 
 
 class DPEmbedding(tf.keras.layers.Layer):
@@ -123,7 +136,8 @@ class DPEmbedding(tf.keras.layers.Layer):
         """Runs the read (``training``) or inference hooks for ``unique_ids``; returns their ops.
 
         ``shard_ids`` (sharded tables, training reads): the local ids per shard that the
-        read itself gathers, passed on so a hook working on the servers reuses them.
+        read itself gathers, passed on so a hook working on the servers reuses them; such a
+        hook may return :class:`ShardRows` (the rows it read) instead of an op.
         """
         ops = []
         for hook in self._hooks(training):
@@ -245,11 +259,18 @@ class DPEmbedding(tf.keras.layers.Layer):
         count = len(table.variables)
         positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard_of, count)
         shard_ids = tf.dynamic_partition(local, shard_of, count)
+        read = None
         if self._hooks(training):
             with tf.control_dependencies(checks):
-                checks = checks + self._run_hooks(unique, training, shard_ids if training else None)
-        with tf.control_dependencies(checks):
-            parts = [tf.gather(shard, part) for shard, part in zip(table.variables, shard_ids)]
+                ops = self._run_hooks(unique, training, shard_ids if training else None)
+            read = next((op for op in ops if isinstance(op, ShardRows)), None)
+            checks = checks + [op for op in ops if not isinstance(op, ShardRows)]
+        if read is not None:  # a hook read the rows on the servers itself (LazyDP: rows - owed noise)
+            with tf.control_dependencies(checks):
+                parts = [tf.identity(rows) for rows in read.parts]
+        else:
+            with tf.control_dependencies(checks):
+                parts = [tf.gather(shard, part) for shard, part in zip(table.variables, shard_ids)]
         rows = tf.concat([tf.dynamic_stitch(positions, parts), tf.zeros([1, self.dim], parts[0].dtype)], 0)
         padding = tf.fill(tf.shape(flat_valid), tf.size(unique))  # the zero row after the unique rows
         where = tf.scatter_nd(tf.where(flat_valid), index, tf.shape(flat_valid, out_type=tf.int64))

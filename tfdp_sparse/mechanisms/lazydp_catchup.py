@@ -197,9 +197,9 @@ class LazyCatchUp:
         i, opt = target
         _refuse_xla()
         if is_sharded(table) and self.aggregate:  # :mod:`.lazydp_sharded`: drawn and written on the servers
-            if shard_ids is None:
-                shard_ids = split_ids(unique_ids, table)
-            return self._server_catch_up(i, table, shard_ids, opt)
+            if shard_ids is None:  # the caller reads the rows itself, after the writes
+                return self._server_catch_up(i, table, split_ids(unique_ids, table), opt)[1]
+            return self._server_catch_up(i, table, shard_ids, opt)[0]  # the layer's read: rows less owed noise
         ids, noise = self.owed_rows(table, unique_ids, opt.iterations)
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
         return table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))

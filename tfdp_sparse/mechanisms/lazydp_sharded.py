@@ -13,7 +13,9 @@ sends each server the local ids of its rows and a 128-bit key drawn from the
 mechanism's generator (the ids are the very tensors the layer's read gathers
 with, :meth:`DPEmbedding._sharded_read`, so they cross the wire once); the server reads the rows' history, draws
 their owed noise from a stateless Philox stream under that key, subtracts it
-from the rows and marks them caught up, before the rows are gathered. The
+from the rows and marks them caught up; the values the layer reads are the
+rows less that noise, from the same gather (the write waits for the read,
+the read does not wait for the write). The
 noise never crosses the wire and each row read is written over the wire
 once (by the step's update); the extra bytes over non-private SGD are the
 keys and a few scalars per step. The step's rows are
@@ -40,7 +42,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdp_sparse.distribute.shards import ShardedVariable, is_sharded, split_ids
+from tfdp_sparse.distribute.shards import ShardedVariable, is_sharded
+from tfdp_sparse.layers.embedding import ShardRows
 from tfdp_sparse.tables import variable_device, variable_key
 
 
@@ -76,7 +79,12 @@ class LazySharded:
             return ShardedVariable(blocks, name=name)
 
     def _rate_copy(self, device: str) -> tf.Variable:
-        """The copy of ``lr_sq_cumsum`` on ``device`` (created on first use, equal to the original)."""
+        """The copy of ``lr_sq_cumsum`` on ``device`` (created on first use, equal to the original).
+
+        The original itself where it already lives on ``device`` (one write fewer per step).
+        """
+        if device == self.lr_sq_cumsum.device:
+            return self.lr_sq_cumsum
         if device in self._rate_copy_devices:
             return self._rate_copies[self._rate_copy_devices.index(device)]
         with tf.init_scope(), tf.device(device):
@@ -86,22 +94,26 @@ class LazySharded:
         self._rate_copy_devices.append(device)
         return copy
 
-    def _server_catch_up(self, i: int, table, shard_ids: list, opt) -> tf.Operation:
-        """Catches rows of sharded table ``i`` up to ``optimizer.iterations``, on the servers.
+    def _server_catch_up(self, i: int, table, shard_ids: list, opt) -> tuple[ShardRows, tf.Operation]:
+        """Reads rows of sharded table ``i`` caught up to ``optimizer.iterations``, on the servers.
 
         ``shard_ids``: unique local ids per shard; from the layer's read, the very tensors
-        it gathers with, so the servers receive them once.
+        it would gather with, so the servers receive them once. Each server returns
+        ``row - owed noise`` from one gather and writes the noise after that gather, so
+        the read does not wait for the write. Returns the rows and the writes.
         """
         history = self._histories[i]
         k = tf.cast(opt.iterations, tf.int32)
         scale = self._scale(opt)
         seeds = self.rng.make_seeds(len(table.variables))
-        ops = []
+        parts, writes = [], []
         for s, (shard, block, local) in enumerate(zip(table.variables, history.variables, shard_ids)):
             cum = self._rate_copy(shard.device)
             with tf.device(shard.device):
-                ops.append(_catch_up_block(shard, block, cum, local, seeds[:, s], k, scale))
-        return tf.group(*ops)
+                rows, written = _catch_up_block(shard, block, cum, local, seeds[:, s], k, scale)
+            parts.append(rows)
+            writes.append(written)
+        return ShardRows(parts), tf.group(*writes)
 
     def mark_shard_rows(self, table, parts: list) -> list:
         """``history[rows] = this step`` for the rows of each shard's update (``parts``, local ids).
@@ -125,13 +137,17 @@ class LazySharded:
 
 
 def _catch_up_block(shard: tf.Variable, block: tf.Variable, cum: tf.Variable, local: tf.Tensor, seed: tf.Tensor,
-                    k: tf.Tensor, scale: float) -> tf.Operation:
-    """On one server: ``shard[local] -= owed noise``, then ``block[local] = max(block[local], k)``."""
+                    k: tf.Tensor, scale: float) -> tuple[tf.Tensor, tf.Operation]:
+    """On one server: ``(shard[local] - owed, the op writing shard[local] -= owed, block[local] = max(., k))``."""
+    rows = tf.gather(shard, local)
     last = tf.gather(block, local)
     std = owed_std(cum, last, k) * scale
     width = int(shard.shape[1])
     noise = tf.random.stateless_normal(tf.stack([tf.size(local), width]), seed=seed, alg="philox")
+    owed = noise * std[:, tf.newaxis]
     dense_shape = tf.constant(shard.shape.as_list(), tf.int64)
-    written = shard.scatter_sub(tf.IndexedSlices(noise * std[:, tf.newaxis], local, dense_shape))
+    with tf.control_dependencies([rows]):  # the write comes after the read it corrects
+        written = shard.scatter_sub(tf.IndexedSlices(owed, local, dense_shape))
     with tf.control_dependencies([written]):
-        return block.scatter_update(tf.IndexedSlices(tf.maximum(last, k), local))
+        marked = block.scatter_update(tf.IndexedSlices(tf.maximum(last, k), local))
+    return rows - owed, tf.group(written, marked)

@@ -40,7 +40,10 @@ def test_history_sharded_like_its_table(ps):
     for block, shard in zip(history.variables, table.variables):
         assert block.device == shard.device
         assert block.shape == [shard.shape[0]] and block.dtype == tf.int32
-    assert len(mechanism._rate_copies) == 2  # one copy of the learning-rate sum per server holding a shard
+    # the learning-rate sum on every server holding a shard: the original where it lives, else a copy
+    held = {c.device for c in mechanism._rate_copies} | {mechanism.lr_sq_cumsum.device}
+    assert {shard.device for shard in table.variables} <= held
+    assert len(mechanism._rate_copies) == len({shard.device for shard in table.variables} - {mechanism.lr_sq_cumsum.device})
 
 
 def test_server_catch_up_noise_per_shard(ps):

@@ -36,11 +36,12 @@ optimizer's ``expected_batch_size`` as the *global* expected batch ``B`` and
 the step records ``mechanism.step_event(B / N)`` per call in ``ledger``
 (Abadi et al. 2016: the lot is the global batch).
 
-Not supported (refused with ``ValueError``): LazyDP with noise (its read
-hooks catch rows up inside each replica's forward pass, which would draw
-per replica; deferring the catch-up to cross-replica context needs the
-global ids before the forward pass). The shared generator state crosses the
-cluster's links once at construction: the cluster network must be trusted.
+LazyDP: its read hook meets the other replicas (``merge_call``) before the
+rows are read, and the owed noise of each unique row of the global batch is
+drawn once and applied to every copy
+(:mod:`tfdp_sparse.mechanisms.lazydp_replicas`). The shared generator state
+crosses the cluster's links once at construction: the cluster network must
+be trusted.
 
 Example::
 
@@ -98,12 +99,6 @@ def _check_setup(strategy, model: tf.keras.Model, optimizer: DPOptimizer) -> Non
         raise ValueError(
             "create the mechanism outside strategy.scope(): its noise generator must be one generator "
             "(one key), not one per replica"
-        )
-    if optimizer.mechanism.plan.requires().defers_noise and optimizer.mechanism.describe().get("noise_multiplier"):
-        raise ValueError(
-            "LazyDP with noise is not supported under a mirrored strategy: its catch-up reads run inside "
-            "each replica's forward pass and would draw noise per replica; use DP-SGD, EANA, DP-FEST or "
-            "DP-AdaFEST, or LazyDP on one device"
         )
 
 

@@ -79,6 +79,7 @@ from tfdp_sparse.mechanisms.binding import bound_mechanisms  # noqa: F401 (re-ex
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.lazydp_binding import LazyBinding, _Tables
 from tfdp_sparse.mechanisms.lazydp_catchup import LazyCatchUp, _no_autograph, _refuse_xla
+from tfdp_sparse.mechanisms.lazydp_replicas import LazyReplicas
 from tfdp_sparse.mechanisms.lazydp_sharded import LazySharded
 from tfdp_sparse.mechanisms.tables import variable_key
 from tfdp_sparse.mechanisms.plans.lazydp import KNOBS, LazyDPPlan, parse_bool, plan_from_config  # noqa: F401
@@ -86,7 +87,7 @@ from tfdp_sparse.mechanisms.plans.lazydp import KNOBS, LazyDPPlan, parse_bool, p
 _INITIAL_STEPS = 1024
 
 
-class LazyDP(LazyBinding, LazyCatchUp, LazySharded, Mechanism):
+class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
     """DP-SGD with lazily applied, aggregated noise on embedding tables.
 
     Args:

@@ -20,6 +20,7 @@ import functools
 import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded, split_ids
+from tfdp_sparse.mechanisms.lazydp_replicas import replica_catch_up_needed
 from tfdp_sparse.mechanisms.lazydp_sharded import history_rows, owed_std
 from tfdp_sparse.mechanisms.tables import variable_key
 
@@ -196,6 +197,8 @@ class LazyCatchUp:
             return None
         i, opt = target
         _refuse_xla()
+        if replica_catch_up_needed(table):  # mirrored replicas: once per global batch (:mod:`.lazydp_replicas`)
+            return self._replica_catch_up(table, unique_ids, opt)
         if is_sharded(table) and self.aggregate:  # :mod:`.lazydp_sharded`: drawn and written on the servers
             if shard_ids is None:  # the caller reads the rows itself, after the writes
                 return self._server_catch_up(i, table, split_ids(unique_ids, table), opt)[1]

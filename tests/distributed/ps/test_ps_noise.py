@@ -29,8 +29,10 @@ MECHANISMS = {
 
 
 def _ks_checks(samples: np.ndarray) -> None:
+    # The noise is secure (unseeded): acceptance at p > 1e-5 keeps false alarms rare across the
+    # suite, while the +-1/3 alternatives stay rejected at p < 1e-6 (thousands of samples).
     assert samples.size >= 1000
-    assert stats.kstest(samples, "norm", args=(0, STD)).pvalue > 1e-3
+    assert stats.kstest(samples, "norm", args=(0, STD)).pvalue > 1e-5
     for factor in (2 / 3, 4 / 3):
         assert stats.kstest(samples, "norm", args=(0, STD * factor)).pvalue < 1e-6
 

@@ -121,6 +121,8 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
         self._histories: list = []  # tf.Variable, or ShardedVariable for a sharded table
         self._rate_copies: list[tf.Variable] = []  # lr_sq_cumsum on each server holding a table shard
         self._rate_copy_devices: list[str] = []
+        self._server_generators: list = []  # catch-up generators, one on each server holding a shard
+        self._generator_devices: list[str] = []
         self._flushed_at: list[tf.Variable] = []
         self._tables = _Tables()
 

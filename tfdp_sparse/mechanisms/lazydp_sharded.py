@@ -9,23 +9,24 @@ copies).
 
 The catch-up of the rows a step reads (Lim et al., ASPLOS'24, §5.2.1 lazy
 update, §5.2.2 aggregated sampling) then runs on the servers: the worker
-sends each server the local ids of its rows and a 128-bit key drawn from the
-mechanism's generator (the ids are the very tensors the layer's read gathers
-with, :meth:`DPEmbedding._sharded_read`, so they cross the wire once); the server reads the rows' history, draws
-their owed noise from a stateless Philox stream under that key, subtracts it
-from the rows and marks them caught up; the values the layer reads are the
-rows less that noise, from the same gather (the write waits for the read,
-the read does not wait for the write). The
-noise never crosses the wire and each row read is written over the wire
-once (by the step's update); the extra bytes over non-private SGD are the
-keys and a few scalars per step. The step's rows are
-marked noised on the servers by :meth:`LazySharded.mark_shard_rows`, called
-by the sharded optimizer with the ids its update already sent. Keys never repeat: the generator's state lives on a server and
-advances atomically per draw.
+sends each server the local ids of its rows (the very tensors the layer's
+read gathers with, :meth:`DPEmbedding._sharded_read`, so they cross the wire
+once); the server reads the rows' history, draws their owed noise from a
+generator whose state lives on that server (one per server, from the
+mechanism's noise source), subtracts it from the rows and marks them caught
+up; the values the layer reads are the rows less that noise, from the same
+gather (the write waits for the read, the read does not wait for the write).
+The noise never crosses the wire and each row read is written over the wire
+once (by the step's update); the extra bytes over non-private SGD are a few
+scalars per step. The step's rows are marked noised on the servers by
+:meth:`LazySharded.mark_shard_rows`, called by the sharded optimizer with the
+ids its update already sent. Draws never repeat: each generator's state
+lives on its server and advances atomically per draw (a retried closure draws
+afresh).
 
 The distribution is the one-machine catch-up's (:mod:`.lazydp_catchup`):
 ``N(0, (sigma C / B)^2 (S_k - S_last) I_d)`` per row, ``S`` the running sum
-of squared learning rates; the draws differ (stateless per-server streams).
+of squared learning rates; the draws differ (per-server generators).
 ``aggregate=False`` (one draw per skipped step, a benchmark baseline) keeps
 the worker-side catch-up on sharded tables.
 
@@ -45,6 +46,9 @@ import tensorflow as tf
 from tfdp_sparse.distribute.shards import ShardedVariable, is_sharded
 from tfdp_sparse.layers.embedding import ShardRows
 from tfdp_sparse.tables import variable_device, variable_key
+
+#: First stream of the per-server catch-up generators in :meth:`NoiseSource.tf_generator`.
+_SERVER_STREAM = 1000
 
 
 def owed_std(cum: tf.Variable, last: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
@@ -76,7 +80,23 @@ class LazySharded:
                     blocks.append(tf.Variable(tf.zeros([int(shard.shape[0])], tf.int32), trainable=False,
                                               name=f"{name}_part_{k}"))
                 self._rate_copy(shard.device)
+                self._server_generator(shard.device)
             return ShardedVariable(blocks, name=name)
+
+    def _server_generator(self, device: str) -> tf.random.Generator:
+        """The catch-up generator whose state lives on ``device`` (created on first use).
+
+        From the mechanism's noise source (OS entropy unless a seed was given; a stream
+        of its own per server), so its draws run where the rows are and never repeat:
+        the state advances atomically on its server.
+        """
+        if device in self._generator_devices:
+            return self._server_generators[self._generator_devices.index(device)]
+        with tf.init_scope(), tf.device(device):
+            generator = self.noise_source.tf_generator(stream=_SERVER_STREAM + len(self._server_generators))
+        self._server_generators.append(generator)
+        self._generator_devices.append(device)
+        return generator
 
     def _rate_copy(self, device: str) -> tf.Variable:
         """The copy of ``lr_sq_cumsum`` on ``device`` (created on first use, equal to the original).
@@ -105,12 +125,11 @@ class LazySharded:
         history = self._histories[i]
         k = tf.cast(opt.iterations, tf.int32)
         scale = self._scale(opt)
-        seeds = self.rng.make_seeds(len(table.variables))
         parts, writes = [], []
-        for s, (shard, block, local) in enumerate(zip(table.variables, history.variables, shard_ids)):
-            cum = self._rate_copy(shard.device)
+        for shard, block, local in zip(table.variables, history.variables, shard_ids):
+            cum, generator = self._rate_copy(shard.device), self._server_generator(shard.device)
             with tf.device(shard.device):
-                rows, written = _catch_up_block(shard, block, cum, local, seeds[:, s], k, scale)
+                rows, written = _catch_up_block(shard, block, cum, local, generator, k, scale)
             parts.append(rows)
             writes.append(written)
         return ShardRows(parts), tf.group(*writes)
@@ -136,14 +155,14 @@ class LazySharded:
         return ops
 
 
-def _catch_up_block(shard: tf.Variable, block: tf.Variable, cum: tf.Variable, local: tf.Tensor, seed: tf.Tensor,
-                    k: tf.Tensor, scale: float) -> tuple[tf.Tensor, tf.Operation]:
+def _catch_up_block(shard: tf.Variable, block: tf.Variable, cum: tf.Variable, local: tf.Tensor,
+                    generator: tf.random.Generator, k: tf.Tensor, scale: float) -> tuple[tf.Tensor, tf.Operation]:
     """On one server: ``(shard[local] - owed, the op writing shard[local] -= owed, block[local] = max(., k))``."""
     rows = tf.gather(shard, local)
     last = tf.gather(block, local)
     std = owed_std(cum, last, k) * scale
     width = int(shard.shape[1])
-    noise = tf.random.stateless_normal(tf.stack([tf.size(local), width]), seed=seed, alg="philox")
+    noise = generator.normal(tf.stack([tf.size(local), width]), dtype=tf.float32)
     owed = noise * std[:, tf.newaxis]
     dense_shape = tf.constant(shard.shape.as_list(), tf.int64)
     with tf.control_dependencies([rows]):  # the write comes after the read it corrects

@@ -40,6 +40,8 @@ def test_history_sharded_like_its_table(ps):
     for block, shard in zip(history.variables, table.variables):
         assert block.device == shard.device
         assert block.shape == [shard.shape[0]] and block.dtype == tf.int32
+    # the catch-up draws on each server holding a shard, from a generator whose state lives there
+    assert sorted(g.state.device for g in mechanism._server_generators) == sorted(s.device for s in table.variables)
     # the learning-rate sum on every server holding a shard: the original where it lives, else a copy
     held = {c.device for c in mechanism._rate_copies} | {mechanism.lr_sq_cumsum.device}
     assert {shard.device for shard in table.variables} <= held

@@ -40,7 +40,6 @@ from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
 from tfdp_sparse.distribute.strategy import fixed_shape_variables, make_strategy
 from tfdp_sparse.distribute.training import ClusterTrainer, IndexedExamples
 from tfdp_sparse.mechanisms import build
-from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.noise_source import NoiseSource
 
 log = logging.getLogger("tfdp_sparse.train")
@@ -63,10 +62,9 @@ class ClusterRun:
 
 @dataclasses.dataclass
 class ClusterResult:
-    """What a cluster run did: the trained local model, the mechanism and optimizer, executed steps, timing."""
+    """What a cluster run did: the trained local model, the optimizer (and its mechanism), executed steps, timing."""
 
     model: tf.keras.Model
-    mechanism: Mechanism
     optimizer: ShardedDPOptimizer
     scheduled_steps: int
     executed_steps: int
@@ -129,9 +127,11 @@ def train_on_cluster(run: ClusterRun, build_model: Callable[[], tf.keras.Model],
                      1000.0 * (time.perf_counter() - start) / done)
         elapsed = time.perf_counter() - start
         mechanism.flush()
+        # built here, once connected: variables made before the strategy connects to the cluster belong to
+        # a context it replaces ("Client for target /job:localhost/... not found" on assignment)
         local = build_model()
         copy_to_local(model, local)
         executed = trainer.executed_steps()
-    return ClusterResult(model=local, mechanism=mechanism, optimizer=optimizer, scheduled_steps=run.steps,
+    return ClusterResult(model=local, optimizer=optimizer, scheduled_steps=run.steps,
                          executed_steps=executed, step_ms=1000.0 * elapsed / max(run.steps, 1), workers=workers,
                          servers=servers)

@@ -166,8 +166,8 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
             ids, summed = sum_duplicates(grad)
             ids = tf.cast(ids, tf.int64)
             noised = summed + self.gaussian_noise(tf.shape(summed), stddev)
-            with tf.control_dependencies([recorded]):
-                if not is_sharded(var):  # sharded: ShardedDPOptimizer calls mark_shard_rows with its update
+            if not is_sharded(var):  # sharded: ShardedDPOptimizer calls mark_shard_rows with its update
+                with tf.control_dependencies([recorded]):
                     self._histories[i].scatter_update(tf.IndexedSlices(tf.fill(tf.shape(ids), now), ids))
             out.append(tf.IndexedSlices(noised, ids, grad.dense_shape))
             count += tf.cast(tf.size(ids), tf.int64) * int(var.shape[1])

@@ -93,22 +93,22 @@ def _record_rate(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     """
     if cum.shape.is_fully_defined():
         capacity = int(cum.shape[0])
-        full = tf.debugging.assert_less(
+        ready = tf.debugging.assert_less(
             step, capacity, message=f"LazyDP's learning-rate history holds {capacity - 1} steps (fixed length on a "
                                     "cluster: create the mechanism under fixed_shape_variables(capacity) with more "
                                     "room)")
-        with tf.control_dependencies([full]), tf.device(cum.device):
-            total = tf.gather(cum, step - 1) + lr * lr
-            return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(step, [1])))
-    size = tf.shape(cum)[0]
+        device = cum.device
+    else:
+        size = tf.shape(cum)[0]
 
-    def grow():
-        new_size = tf.maximum(2 * size, step + 1)
-        cum.assign(tf.concat([cum, tf.zeros([new_size - size], tf.float64)], axis=0))
-        return tf.constant(True)
+        def grow():
+            new_size = tf.maximum(2 * size, step + 1)
+            cum.assign(tf.concat([cum, tf.zeros([new_size - size], tf.float64)], axis=0))
+            return tf.constant(True)
 
-    grown = tf.cond(step >= size, grow, lambda: tf.constant(False))
-    with tf.control_dependencies([grown]):
+        ready = tf.cond(step >= size, grow, lambda: tf.constant(False))
+        device = None
+    with tf.control_dependencies([ready]), tf.device(device):
         total = tf.gather(cum, step - 1) + lr * lr
         return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(step, [1])))
 

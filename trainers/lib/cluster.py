@@ -20,8 +20,8 @@ target, the line says so (``budget_overrun``) -- they cannot be planned for.
 
 Example::
 
-    result, model = train_on_cluster(ClusterSpec("local_ps:1,2"), build_model, lambda m: m.per_example_loss,
-                                     arrays, privacy, loop)
+    result, model = train_on_cluster("local_ps:1,2", build_model, lambda m: m.per_example_loss,
+                                     arrays, privacy, loop, feature_names=("context", "label"))
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def train_on_cluster(cluster: str, build_model: Callable[[], tf.keras.Model],
     request = check_cluster_settings(cluster, privacy, loop)
     n = validate_run(arrays, loop)
     privacy = with_default_delta(privacy, n)
-    local = build_model()
+    local = build_model()  # for the setup event's table sizes (unusable once the cluster is connected)
     resolved = resolve_privacy(privacy, loop, n, local, pre_training, sensitivity_caveat, None)
     noise = NoiseSource(loop.noise_seed)
     ledger = open_ledger(mechanisms.build(resolved.privacy), pre_training, sensitivity_caveat, None)

@@ -58,6 +58,13 @@ class ServerNoiseDPSGD(DPSGD):
             )
 
     def apply(self, step: StepGrads) -> NoisedGradients:
+        """Dense variables noised here; every table's gradient returned as ``IndexedSlices`` for the servers.
+
+        A table whose gradient is ``None`` (nothing flowed) gets an empty
+        ``IndexedSlices`` and a dense table gradient becomes one over all
+        rows, so :class:`ShardedDPOptimizer` sees every table, sharded or
+        not, touched or not, and adds its noise exactly once per step.
+        """
         stddev = self.noise_multiplier * self.l2_norm_clip
         out: list[Gradient] = []
         count = tf.constant(0, tf.int64)
@@ -66,16 +73,29 @@ class ServerNoiseDPSGD(DPSGD):
                 out.append(noise_dense(self, grad, var, stddev))
                 continue
             count += int(var.shape.num_elements())
-            if isinstance(grad, tf.IndexedSlices):
-                ids, rows = sum_duplicates(grad)
-                grad = tf.IndexedSlices(rows, tf.cast(ids, tf.int64), grad.dense_shape)
-            out.append(grad)
+            out.append(_table_slices(grad, var))
         return NoisedGradients(out, count)
 
     def shard_noise(self, shard: tf.Variable, seed: tf.Tensor) -> tf.Tensor:
         """``N(0, sigma^2 C^2)`` of the shard's shape from the stateless stream ``seed`` ([2] int64)."""
         stddev = self.noise_multiplier * self.l2_norm_clip
         return tf.random.stateless_normal(shard.shape, seed=seed, stddev=stddev, alg="philox")
+
+
+def _table_slices(grad: Gradient, table) -> tf.IndexedSlices:
+    """``grad`` of ``table`` as ``IndexedSlices`` with unique int64 ids (empty for ``None``, all rows for dense).
+
+    Example: ``None`` for a ``[40, 8]`` table gives 0 rows with ``dense_shape [40, 8]``.
+    """
+    shape = tf.constant(table.shape.as_list(), tf.int64)
+    if grad is None:
+        width = int(table.shape[1])
+        return tf.IndexedSlices(tf.zeros([0, width], tf.float32), tf.zeros([0], tf.int64), shape)
+    if not isinstance(grad, tf.IndexedSlices):
+        rows = tf.range(int(table.shape[0]), dtype=tf.int64)
+        return tf.IndexedSlices(tf.convert_to_tensor(grad), rows, shape)
+    ids, rows = sum_duplicates(grad)
+    return tf.IndexedSlices(rows, tf.cast(ids, tf.int64), shape)
 
 
 class ShardedDPOptimizer(DPOptimizer):
@@ -104,16 +124,16 @@ class ShardedDPOptimizer(DPOptimizer):
         server_noise = isinstance(self.mechanism, ServerNoiseDPSGD)
         side_ops, rest = [], []
         for grad, var in grads_and_vars:
+            sparse = isinstance(grad, tf.IndexedSlices)
+            if server_noise and sparse:  # ServerNoiseDPSGD hands every table, and only tables, as IndexedSlices
+                side_ops += self._server_noise(var.variables if is_sharded(var) else [var])
             if not is_sharded(var):
                 rest.append((grad, var))
                 continue
-            sparse = isinstance(grad, tf.IndexedSlices)
             if sparse:
                 ids, rows = sum_duplicates(grad)
                 grad = tf.IndexedSlices(rows, ids, grad.dense_shape)
             parts = split_gradient(grad, var)
-            if server_noise and sparse:
-                side_ops += self._server_noise(var.variables)
             if sparse and self._plain_sgd():
                 side_ops += self._apply_rows(var, parts)
             else:

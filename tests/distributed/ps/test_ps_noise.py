@@ -15,7 +15,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.distribute.optimizer import ServerNoiseDPSGD
 from tfdp_sparse.mechanisms import build
 
-from .helpers import batch, cluster_model, cluster_step_fn, table_of
+from .helpers import LOSS, batch, cluster_model, cluster_step_fn, table_of
 
 VOCAB, DIM, SIGMA, CLIP, LR, BATCH = 1500, 4, 1.5, 2.0, 1.0, 1
 STD = SIGMA * CLIP * LR / BATCH
@@ -62,3 +62,72 @@ def test_noise_std_per_shard(ps, name):
     split = int(shards[0].shape[0])
     for lo, hi in ((0, split), (split, VOCAB)):
         _ks_checks(-delta[lo:hi][rows[lo:hi]].reshape(-1))
+
+
+SMALL_ROWS, SMALL_DIM = 40, 48  # below the partitioner's MIN_ROWS: stays whole on one server
+
+
+def _three_table_model() -> tf.keras.Model:
+    """A sharded table, a small unsharded one, and one read through ``stop_gradient`` (no gradient)."""
+    from tfdp_sparse.layers.embedding import DPEmbedding
+
+    ids = tf.keras.Input((3,), dtype=tf.int64)
+    small_ids = tf.keras.Input((3,), dtype=tf.int64)
+    init = tf.keras.initializers.RandomUniform(-0.5, 0.5, seed=0)
+    big = DPEmbedding(VOCAB, DIM, combiner="sum", name="table", embeddings_initializer=init)(ids)
+    small = DPEmbedding(SMALL_ROWS, SMALL_DIM, combiner="sum", name="small", embeddings_initializer=init)(small_ids)
+    frozen = DPEmbedding(SMALL_ROWS, SMALL_DIM, combiner="sum", name="frozen", embeddings_initializer=init)(small_ids)
+    # Each table summed to one feature, so the Dense kernel ([3, 1]) stays below MIN_ROWS too.
+    summed = [tf.reduce_sum(t, axis=-1, keepdims=True) for t in (big, small, tf.stop_gradient(frozen))]
+    joined = tf.keras.layers.Concatenate()(summed)
+    out = tf.keras.layers.Dense(1, kernel_initializer="zeros", name="dense")(joined)
+    return tf.keras.Model([ids, small_ids], out)
+
+
+def _values(variable) -> np.ndarray:
+    parts = variable.variables if isinstance(variable, tf.__internal__.distribute.ShardedVariable) else [variable]
+    return np.concatenate([p.numpy() for p in parts], axis=0)
+
+
+def test_server_noise_reaches_unsharded_and_untouched_tables(ps):
+    """Issue 19.1: every table, sharded or not, touched or not, gets sigma*C*lr/B noise once per step.
+
+    Before the fix the 40-row table's update had std 0.0064 (the clipped
+    gradient alone) where sigma*C*lr/B = 3.0, and the table without a
+    gradient did not move at all.
+    """
+    from tfdp_sparse.distribute.strategy import fixed_shape_variables
+    from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
+
+    strategy, coordinator = ps
+    with strategy.scope(), fixed_shape_variables(64):
+        model = _three_table_model()
+        mechanism = ServerNoiseDPSGD(noise_multiplier=SIGMA, l2_norm_clip=CLIP)
+        optimizer = ShardedDPOptimizer(mechanism, learning_rate=LR, expected_batch_size=BATCH)
+    recorder = optimizer.attach(model)
+    mechanism.bind_model(model)
+    tables = {name: model.get_layer(name).embeddings for name in ("table", "small", "frozen")}
+    assert isinstance(tables["table"], tf.__internal__.distribute.ShardedVariable)
+    assert not isinstance(tables["small"], tf.__internal__.distribute.ShardedVariable)
+    before = {name: _values(t) for name, t in tables.items()}
+    rng = np.random.default_rng(3)
+    features = (rng.integers(0, VOCAB, (200, 3)), rng.integers(0, SMALL_ROWS, (200, 3)))
+    labels = rng.integers(0, 2, (200, 1)).astype(np.float32)
+
+    def replica(x, s, y):
+        recorder.clear()
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model([x, s], training=True))
+        with tf.control_dependencies([optimizer.private_step(loss, model.trainable_variables, tape)]):
+            return tf.constant(0)
+
+    @tf.function(autograph=False)
+    def step(x, s, y):
+        return strategy.run(replica, args=(x, s, y))
+
+    coordinator.schedule(step, args=(tf.constant(features[0]), tf.constant(features[1]), tf.constant(labels)))
+    coordinator.join()
+    for name, table in tables.items():
+        delta = (_values(table) - before[name]).reshape(-1)
+        print(f"{name}: update std {delta.std():.4f}, expected {STD:.4f}")
+        _ks_checks(-delta)

@@ -31,7 +31,9 @@ class PrivacyConfig:
       noise_multiplier: sigma (ignored for ``sgd``); calibrated from
         ``target_epsilon`` when that is set.
       l2_norm_clip: per-example clipping bound C.
-      delta: target delta; ``None`` means 1/N of the training set.
+      delta: target delta; ``None`` means
+        :func:`tfdp_sparse.accounting.default_delta` of the training set size N,
+        ``min(1/(10 N), N^-1.1)``.
       target_epsilon: budget; training stops before exceeding it.
       sampling: ``"poisson"`` (what the accounting assumes) or ``"shuffle"``
         (fixed-size shuffled batches: the usual approximation, labelled so).

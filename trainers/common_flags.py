@@ -8,6 +8,7 @@ same settings with the same meaning.
 Example::
 
     define_privacy_flags(flags.FLAGS)
+    flags.adopt_module_key_flags(common_flags)  # in the trainer: --help lists them
     ...
     privacy = privacy_from_flags(flags.FLAGS)
 """
@@ -22,6 +23,9 @@ from absl import app, flags
 from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from trainers import summary
+
+#: Help of every ``--delta`` flag: the default is :func:`tfdp_sparse.accounting.default_delta` of N.
+DELTA_HELP = "delta in (0, 1) (default min(1/(10N), N^-1.1), N = training examples)"
 
 #: Algorithm knobs (flag names = knob names of ``PrivacyConfig.extra``).
 KNOBS = ("k", "frequency_file", "selection_epsilon", "tau", "false_positives", "sigma1", "sigma2", "sigma_ratio", "C1", "aggregate",
@@ -40,7 +44,7 @@ def define_privacy_flags(flag_values: flags.FlagValues) -> None:
     flags.DEFINE_float("l2_norm_clip", 1.0, "per-example clipping bound C (> 0)", **fv)
     flags.DEFINE_float("target_epsilon", None, "privacy budget: calibrates sigma (see --noise_multiplier) and never "
                        "trains past it", **fv)
-    flags.DEFINE_float("delta", None, "delta in (0, 1) (default 1/N)", **fv)
+    flags.DEFINE_float("delta", None, DELTA_HELP, **fv)
     flags.DEFINE_enum("accountant", "pld", ["pld", "rdp"], "privacy accountant", **fv)
     flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"],
                       "batch sampling (poisson is what the accounting assumes)", **fv)

@@ -112,7 +112,7 @@ def define_flags(fv: flags.FlagValues) -> None:
                       "configuration runs once per seed and reports the mean AUC", **kw)
     flags.DEFINE_integer("data_seed", _D.data_seed, "seed of the synthetic generator", **kw)
     flags.DEFINE_float("target_epsilon", _D.target_epsilon, "epsilon of every private run", **kw)
-    flags.DEFINE_float("delta", None, "delta (default 1/N)", **kw)
+    flags.DEFINE_float("delta", None, "delta (default min(1/(10N), N^-1.1), N = training examples)", **kw)
     flags.DEFINE_enum("accountant", _D.accountant, ["pld", "rdp"], "accountant (private selection uses rdp)", **kw)
     flags.DEFINE_float("l2_norm_clip", _D.l2_norm_clip, "per-example clip norm C (C2 of DP-AdaFEST)", **kw)
     flags.DEFINE_float("learning_rate", _D.learning_rate, "table SGD learning rate of the private runs", **kw)

@@ -127,6 +127,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       "(tpu_emulator; bag-of-words tower, no shared table, not with lazydp), or a TPU (tpu: only "
                       "under a TPUStrategy)", **fv)
     common_flags.define_tensorboard_flag(flag_values)
+    # The shared flags are defined in common_flags: make them key flags of this trainer, so --help shows them.
+    flags.adopt_module_key_flags(common_flags, flag_values)
     flags.DEFINE_string("cluster", "", cluster_lib.FLAG_HELP, **fv)
 
 

@@ -121,6 +121,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_string("metrics_out", None, "write the final JSON line here", **fv)
     flags.DEFINE_integer("log_every", 50, "steps between progress lines", **fv)
     common_flags.define_tensorboard_flag(flag_values)
+    # The shared flags are defined in common_flags: make them key flags of this trainer, so --help shows them.
+    flags.adopt_module_key_flags(common_flags, flag_values)
     flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; not with lazydp)", **fv)
     flags.DEFINE_boolean("compare_dpsgd_step", False, "also time dense DP-SGD steps on this model and print the "
                          "ratio", **fv)

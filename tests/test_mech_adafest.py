@@ -241,7 +241,8 @@ def test_threshold_rule_from_false_positives():
     tau = threshold_for_false_positives(16, 10**6, 2.0, 1.5)
     assert tau == pytest.approx(3.0 * stats.norm.isf(16e-6), rel=1e-12)
     assert false_positive_probability(tau, 2.0, 1.5) * 10**6 == pytest.approx(16.0, rel=1e-9)
-    assert threshold_for_false_positives(600, 1000, 1.0, 1.0) == 0.0  # r / V >= 1/2
+    with pytest.raises(ValueError, match="at least half"):  # r / V >= 1/2: tau would be 0
+        threshold_for_false_positives(600, 1000, 1.0, 1.0)
     plan = mechanisms.build(PrivacyConfig(algorithm="adafest", extra=(("false_positives", 16.0), ("sigma1", 2.0)))).plan
     assert plan.tau is None and plan.false_positive_rate is None
     assert plan.thresholds([10**4, 10**6]) == pytest.approx([2 * stats.norm.isf(16e-4), 2 * stats.norm.isf(16e-6)])
@@ -256,6 +257,34 @@ def test_threshold_rule_from_false_positives():
 def test_false_positive_settings_refused(extra, match):
     with pytest.raises(ValueError, match=match):
         mechanisms.build(PrivacyConfig(algorithm="adafest", extra=extra))
+
+
+@pytest.mark.parametrize("r,rows", [(500.0, 1000), (600.0, 1000), (1.0, 2)])
+def test_false_positives_of_half_a_table_or_more_refused(r, rows):
+    """r >= V/2 gives tau = 0 (about V/2 false positives, not r): refused, naming the table, V, r and the fix."""
+    from tfdp_sparse.selection.false_positives import threshold_for_false_positives
+
+    plan = mechanisms.build(PrivacyConfig(algorithm="adafest", extra=(("false_positives", r), ("sigma1", 2.0)))).plan
+    with pytest.raises(ValueError) as err:
+        plan.thresholds([10**6, rows], names=["big", "small"])
+    message = str(err.value)
+    for part in ("'small'", f"{rows} rows", f"false_positives={r:g}", "Lower false_positives", "--tau"):
+        assert part in message, message
+    assert plan.thresholds([10**6, 2 * rows + 1], names=["big", "small"])[1] > 0  # r < V/2: a positive threshold
+    with pytest.raises(ValueError, match="'C3'"):
+        threshold_for_false_positives(r, rows, 2.0, 1.0, table="C3")
+
+
+def test_false_positives_refused_at_bind_and_at_the_step():
+    """The mechanism refuses before training (bind_model) and in the step, naming the table."""
+    model = _table_model(vocab=40)
+    mech = mechanisms.build(PrivacyConfig(algorithm="adafest", extra=(("false_positives", 20.0), ("sigma1", 2.0))))
+    with pytest.raises(ValueError, match="table 'emb''s 40 rows"):
+        mech.bind_model(model)
+    with pytest.raises(ValueError, match="emb.*40 rows"):
+        mech.filter([None], [40], ["emb"])
+    fine = mechanisms.build(PrivacyConfig(algorithm="adafest", extra=(("false_positives", 19.0), ("sigma1", 2.0))))
+    fine.bind_model(model)
 
 
 def test_false_positives_per_step_match_the_rule_both_ways():

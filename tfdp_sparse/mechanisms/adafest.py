@@ -75,6 +75,7 @@ from tfdp_sparse.mechanisms.plans.adafest import (  # noqa: F401 (settings re-ex
     validate_filter_settings,
 )
 from tfdp_sparse.selection.false_positives import false_positive_probability, sample_false_positives_tf
+from tfdp_sparse.tables import table_refs
 
 
 # ----------------------------------------------------------------------------
@@ -301,10 +302,21 @@ class AdaFEST(Mechanism):
         """``(sigma1^-2 + sigma2^-2)^-1/2``, the sigma the accountant sees."""
         return self.plan.effective_noise_multiplier
 
-    def filter(self, lookups: Sequence[Optional[tf.Tensor]], num_buckets: Sequence[int]) -> list[TableFilter]:
-        """:func:`contribution_filter` with this mechanism's settings and generator."""
-        return contribution_filter(lookups, num_buckets, tau=self.plan.thresholds(num_buckets), sigma1=self.sigma1,
-                                   C1=self.C1, rng=self.rng)
+    def filter(self, lookups: Sequence[Optional[tf.Tensor]], num_buckets: Sequence[int],
+               names: Optional[Sequence[str]] = None) -> list[TableFilter]:
+        """:func:`contribution_filter` with this mechanism's settings and generator (``names``: for errors)."""
+        return contribution_filter(lookups, num_buckets, tau=self.plan.thresholds(num_buckets, names),
+                                   sigma1=self.sigma1, C1=self.C1, rng=self.rng)
+
+    def bind_model(self, model) -> None:
+        """Checks the thresholds of ``model``'s tables before training.
+
+        Refuses ``false_positives >= V/2`` for a table of ``V`` rows (a
+        ``ValueError`` naming the table), e.g. ``false_positives=600`` with a
+        table ``C3`` of 1000 rows: its threshold would be 0.
+        """
+        refs = table_refs(model)
+        self.plan.thresholds([ref.rows for ref in refs], [ref.name for ref in refs])
 
     #: Name used in error messages.
     _label = "DP-AdaFEST"
@@ -314,7 +326,8 @@ class AdaFEST(Mechanism):
     ) -> dict[int, TableFilter]:
         """Variable index -> the rows kept (true and false positives) for each table."""
         tables = [i for i, t in enumerate(is_table) if t]
-        filters = self.filter([lookups[i] for i in tables], [int(variables[i].shape[0]) for i in tables])
+        filters = self.filter([lookups[i] for i in tables], [int(variables[i].shape[0]) for i in tables],
+                              [variables[i].name for i in tables])
         return dict(zip(tables, filters))
 
     def apply(self, step: StepGrads) -> NoisedGradients:

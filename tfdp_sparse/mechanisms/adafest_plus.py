@@ -123,7 +123,8 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
         filters = filter_in_domains(
             [lookups[i] for i in tables],
             domains,
-            tau=self.plan.thresholds([int(d.shape[0]) for d in domains]),  # false positives among kept rows
+            tau=self.plan.thresholds([int(d.shape[0]) for d in domains],  # false positives among kept rows
+                                     [f"{variables[i].name} (its kept rows)" for i in tables]),
             sigma1=self.sigma1,
             C1=self.C1,
             rng=self.rng,

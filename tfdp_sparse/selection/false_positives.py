@@ -43,6 +43,7 @@ from tfdp_sparse.data.sampling import bernoulli_positions
 __all__ = [
     "false_positive_probability",
     "threshold_for_false_positives",
+    "check_false_positives",
     "sample_false_positives",
     "sample_false_positives_tf",
 ]
@@ -52,29 +53,58 @@ _MAX_BUCKETS = 2 ** 62
 _MAX_BUCKETS_TF = 2 ** 53
 
 
-def threshold_for_false_positives(expected: float, num_buckets: int, sigma1: float, C1: float) -> float:
+def threshold_for_false_positives(expected: float, num_buckets: int, sigma1: float, C1: float,
+                                  table: str = "the table") -> float:
     """The threshold τ at which ``expected`` of ``num_buckets`` zero-count buckets pass per step.
 
     ``τ = σ1·C1·Φ⁻¹(1 − r/V)`` (``r = expected``, ``V = num_buckets``), the
-    inverse of :func:`false_positive_probability`; 0 when ``r/V >= 1/2``.
-    It depends on public numbers only (a table's size and a chosen rate), so
-    it costs no privacy; it keeps DP-AdaFEST's false positives, and with them
-    the rows one step writes, at about ``r`` per table whatever ``V`` is
-    (a fixed τ lets them grow as ``V·Ψ(τ/(σ1 C1))``).
+    inverse of :func:`false_positive_probability`. It depends on public
+    numbers only (a table's size and a chosen rate), so it costs no privacy;
+    it keeps DP-AdaFEST's false positives, and with them the rows one step
+    writes, at about ``r`` per table whatever ``V`` is (a fixed τ lets them
+    grow as ``V·Ψ(τ/(σ1 C1))``).
+
+    ``r >= V/2`` is refused (:func:`check_false_positives`, naming ``table``):
+    there Φ⁻¹(1 − r/V) <= 0, τ would be 0 and about ``V/2`` rows, not ``r``,
+    would pass per step.
 
     Example:
       >>> round(threshold_for_false_positives(16, 10**6, 2.0, 1.0), 3)   # 2 Φ⁻¹(1 - 1.6e-5)
       8.317
+      >>> threshold_for_false_positives(600, 1000, 1.0, 1.0, table="C3")  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      ValueError: false_positives=600 is at least half of table 'C3''s 1000 rows (V/2 = 500): ...
     """
     expected = float(expected)
     if not math.isfinite(expected) or expected <= 0:
         raise ValueError(f"expected false positives per step must be > 0, got {expected!r}")
     if int(num_buckets) < 1:
         raise ValueError(f"num_buckets must be >= 1, got {num_buckets!r}")
-    rate = expected / int(num_buckets)
-    if rate >= 0.5:
-        return 0.0
-    return float(sigma1) * float(C1) * float(stats.norm.isf(rate))
+    check_false_positives(expected, int(num_buckets), table)
+    return float(sigma1) * float(C1) * float(stats.norm.isf(expected / int(num_buckets)))
+
+
+def check_false_positives(expected: float, num_buckets: int, table: str) -> None:
+    """Refuses ``expected >= num_buckets / 2`` false positives per step for ``table`` (see below).
+
+    The rule ``τ = σ1·C1·Φ⁻¹(1 − r/V)`` needs ``r/V < 1/2``: otherwise τ <= 0
+    and every row nobody looked up passes with probability >= 1/2, i.e.
+    about ``V/2`` false positives per step whatever ``r`` says.
+
+    >>> check_false_positives(16, 1000, "C1")   # fine: r < V/2
+    >>> check_false_positives(500, 1000, "C1")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: false_positives=500 is at least half of table 'C1''s 1000 rows (V/2 = 500): ...
+    """
+    if expected >= num_buckets / 2:
+        raise ValueError(
+            f"false_positives={expected:g} is at least half of table {table!r}'s {num_buckets} rows "
+            f"(V/2 = {num_buckets / 2:g}): the threshold sigma1 C1 Phi^-1(1 - r/V) would be <= 0, so about V/2 "
+            f"rows nobody looked up would pass per step, not {expected:g}. Lower false_positives below "
+            f"{num_buckets / 2:g} (well below, e.g. <= V/100 = {num_buckets / 100:g}, to keep the update sparse), "
+            "or give a fixed threshold with --tau instead")
 
 
 def false_positive_probability(tau: float, sigma1: float, C1: float) -> float:

@@ -10,7 +10,8 @@ is ``PoissonSampled(q, Gaussian(sigma))`` for PLD and RDP alike.
 Knobs: the threshold, either ``tau`` (``>= 0``, one for every table) or
 ``false_positives`` (``r > 0``: per table ``tau_j = sigma1 C1 Phi^-1(1 - r/V_j)``,
 so about ``r`` rows nobody looked up pass per table and step whatever its
-size ``V_j``; a public rule on public sizes, no privacy cost), ``C1`` (default 1.0), ``sigma1`` and
+size ``V_j``; a public rule on public sizes, no privacy cost; a table with
+``r >= V_j/2`` is refused, its threshold would be 0), ``C1`` (default 1.0), ``sigma1`` and
 optionally ``sigma2`` (default ``noise_multiplier``), or instead
 ``sigma_ratio = sigma1/sigma2`` (then ``noise_multiplier`` is the effective σ,
 so calibrating it calibrates the run).
@@ -118,14 +119,18 @@ class AdaFESTPlan(Plan):
         if self.tau is not None:
             object.__setattr__(self, "tau", tau)
 
-    def thresholds(self, num_buckets: Sequence[int]) -> list[float]:
+    def thresholds(self, num_buckets: Sequence[int], names: Optional[Sequence[str]] = None) -> list[float]:
         """The threshold of each table of ``num_buckets`` rows (``tau``, or the ``false_positives`` rule).
 
         Example: ``false_positives=16, sigma1=2, C1=1`` -> ``[6.17, 8.32]`` for tables of 1e4 and 1e6 rows.
+        The rule refuses a table with ``false_positives >= V/2`` rows (a ``ValueError`` naming the table
+        from ``names``, default ``table 0, table 1, ...``): its threshold would be 0.
         """
         if self.tau is not None:
             return [self.tau] * len(num_buckets)
-        return [threshold_for_false_positives(self.false_positives, int(v), self.sigma1, self.C1) for v in num_buckets]
+        names = [f"table {i}" for i in range(len(num_buckets))] if names is None else list(names)
+        return [threshold_for_false_positives(self.false_positives, int(v), self.sigma1, self.C1, table=name)
+                for v, name in zip(num_buckets, names)]
 
     @property
     def effective_noise_multiplier(self) -> float:

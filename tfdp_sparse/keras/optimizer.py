@@ -9,7 +9,9 @@ private step:
 2. the mechanism's noise (:mod:`tfdp_sparse.mechanisms`);
 3. division by the expected batch size ``B`` and a plain SGD update —
    ``scatter_sub`` of the touched rows when the mechanism keeps a table
-   sparse, a dense update when it does not (DP-SGD).
+   sparse, a dense update when it does not (DP-SGD); or, with
+   ``table_optimizer=``, a row-wise Adagrad / Adam / FTRL on the tables
+   (:mod:`tfdp_sparse.optimizers`).
 
 It needs one loss per example: compile with ``reduction=NONE``, and the
 model it trains: ``opt.attach(model)`` before ``fit`` gives the model's
@@ -43,6 +45,7 @@ from tfdp_sparse.clipping.clip import clip_gradients
 from tfdp_sparse.clipping.registry import LayerRegistry, attach_taps, unattached_layers
 from tfdp_sparse.clipping.taps import TapRecorder
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.optimizers import TableOptimizer, TableRule
 from tfdp_sparse.tables import table_refs, variable_key
 
 _REFUSED_KWARGS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
@@ -100,8 +103,16 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         on tables (the mechanism refuses otherwise).
       dense_optimizer: optional optimizer for the non-table variables (e.g.
         Adam); it only post-processes the privatized gradient, so privacy is
-        unchanged. Tables always use this optimizer's SGD at
-        ``learning_rate``.
+        unchanged. Tables use this optimizer's SGD at ``learning_rate``
+        unless ``table_optimizer`` is set.
+      table_optimizer: optional row-wise rule for the embedding tables
+        (``TableSGD``, ``TableAdagrad``, ``TableAdam``, ``TableFTRL`` from
+        :mod:`tfdp_sparse.optimizers`), applied to the noised gradient
+        divided by ``B`` at its own learning rate; only rows in the gradient
+        change. Post-processing, so privacy is unchanged; LazyDP refuses it
+        (other than a ``TableSGD`` at this optimizer's learning rate). Its
+        slots are ``self.table_optimizer`` (a ``tf.Module``, checkpointed
+        with this optimizer). Not supported under ``tf.distribute``.
     """
 
     def __init__(
@@ -112,6 +123,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         momentum: float = 0.0,
         name: str = "DPOptimizer",
         dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None,
+        table_optimizer: Optional[TableRule] = None,
         **kwargs,
     ):
         for key in _REFUSED_KWARGS:
@@ -129,6 +141,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         if dense_optimizer is not None and not isinstance(dense_optimizer, tf.keras.optimizers.Optimizer):
             raise TypeError(f"dense_optimizer must be a tf.keras optimizer, got {type(dense_optimizer).__name__}")
         self.dense_optimizer = dense_optimizer
+        self.table_optimizer = None if table_optimizer is None else TableOptimizer(table_optimizer)
         mechanism.check_optimizer(self)
         self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
         self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
@@ -186,7 +199,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         (Adam's moments) force a second trace of the whole step; building
         them up front avoids it. Tables are the embedding variables of
         ``DPEmbedding`` / ``Embedding`` layers; only the other variables get
-        ``dense_optimizer`` slots.
+        ``dense_optimizer`` slots; the tables get ``table_optimizer`` slots.
         """
         if not model.built:
             return  # state is created by the first step instead
@@ -194,6 +207,8 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         if not variables:
             return
         self.build(variables)
+        if self.table_optimizer is not None:
+            self.table_optimizer.build([ref.variable for ref in table_refs(model)])
         if self.dense_optimizer is not None:
             tables = {ref.key for ref in table_refs(model)}
             self.dense_optimizer.build([v for v in variables if variable_key(v) not in tables])
@@ -221,6 +236,8 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             fraction = tf.reduce_mean(tf.cast(clipped.norms > clip_norm, tf.float32))
             updates.append(self.last_clipped_fraction.assign(fraction))
         with tf.control_dependencies(updates):
+            if self.table_optimizer is not None:
+                return self._apply_with_table_optimizer(pairs, var_list, clipped.is_table)
             if self.dense_optimizer is None:
                 return self.apply_gradients(pairs)
             tables = {v.ref() for v, t in zip(var_list, clipped.is_table) if t}
@@ -232,6 +249,25 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             with tf.control_dependencies([dense_op]):
                 return self.apply_gradients(table_pairs)
 
+    def _apply_with_table_optimizer(self, pairs, var_list, is_table) -> tf.Operation:
+        """Tables through ``table_optimizer``, the rest as without it; one ``iterations`` increment."""
+        if tf.distribute.has_strategy():
+            raise ValueError(
+                "DPOptimizer(table_optimizer=...) does not support tf.distribute strategies: the table "
+                "gradients would not be aggregated across replicas. Use table_optimizer=None (plain SGD)"
+            )
+        tables = {v.ref() for v, t in zip(var_list, is_table) if t}
+        table_pairs = [(g, v) for g, v in pairs if v.ref() in tables]
+        rest = [(g, v) for g, v in pairs if v.ref() not in tables]
+        self.table_optimizer.build([v for _, v in table_pairs])  # no-op once prebuilt
+        table_ops = [self.table_optimizer.apply(g, v) for g, v in table_pairs]
+        with tf.control_dependencies(table_ops):
+            if self.dense_optimizer is None and rest:
+                return self.apply_gradients(rest)  # increments iterations
+            dense_op = self.dense_optimizer.apply_gradients(rest) if rest else tf.no_op()
+            with tf.control_dependencies([dense_op]):
+                return self.iterations.assign_add(1)
+
     def minimize(self, loss, var_list, tape=None):
         """Keras entry point: ``loss`` must be the per-example loss vector."""
         return self.private_step(loss, var_list, tape)
@@ -239,4 +275,6 @@ class DPOptimizer(tf.keras.optimizers.SGD):
     def get_config(self):
         config = super().get_config()
         config.update(expected_batch_size=self.expected_batch_size, mechanism=self.mechanism.describe())
+        if self.table_optimizer is not None:
+            config.update(table_optimizer=self.table_optimizer.rule.describe())
         return config

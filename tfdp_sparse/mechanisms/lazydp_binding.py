@@ -17,10 +17,12 @@ from __future__ import annotations
 import weakref
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms import binding
 from tfdp_sparse.mechanisms.tables import is_trainable, variable_device, variable_key
+from tfdp_sparse.optimizers.rules import TableSGD
 
 
 class _Tables:
@@ -36,6 +38,42 @@ class _Tables:
 
 
 
+def _check_table_optimizer(optimizer) -> None:
+    """Refuses a ``DPOptimizer(table_optimizer=...)`` other than plain SGD at the optimizer's rate.
+
+    The deferred noise of a row skipped from step ``a`` to ``t`` is applied
+    as one Gaussian ``(sigma C / B) N(0, sum eta_s^2)``: that sum is only the
+    noise DP-SGD would have added under plain SGD at the optimizer's rates
+    ``eta_s``. Adagrad, Adam or FTRL rescale each step's noise by per-row
+    state that depends on the skipped steps, so it cannot be summed later.
+
+    Example: ``DPOptimizer(LazyDP(1.0, 1.0), 0.1, 256, table_optimizer=TableAdagrad(0.1))``
+    raises ``ValueError`` naming ``TableAdagrad``.
+    """
+    # Mechanisms do not import the Keras face (it imports them); a plain Keras SGD has no table optimizer.
+    table_optimizer = getattr(optimizer, "table_optimizer", None)
+    if table_optimizer is None:
+        return
+    rule = table_optimizer.rule
+    if not isinstance(rule, TableSGD):
+        raise ValueError(
+            f"LazyDP refuses table_optimizer={type(rule).__name__} ({rule.name}): its deferred noise needs plain "
+            "SGD on the tables — the noise of a row's skipped steps is summed into one Gaussian "
+            "(sigma*C/B)*N(0, sum eta_s^2) using the learning rates eta_s, which is DP-SGD's noise only if every "
+            f"step moved the row by -eta_s * g; {rule.name} scales each step by per-row state (accumulators, "
+            "moments) the skipped steps would have changed. Use table_optimizer=None (plain SGD) with LazyDP, "
+            "or a mechanism without deferred noise (EANA, DP-FEST, DP-AdaFEST, DP-SGD) for this optimizer"
+        )
+    schedule = isinstance(optimizer._learning_rate, tf.keras.optimizers.schedules.LearningRateSchedule)
+    # Both rates are applied in float32 (the table's dtype).
+    if schedule or float(optimizer.learning_rate) != float(np.float32(rule.learning_rate)):
+        raise ValueError(
+            f"LazyDP refuses TableSGD(learning_rate={rule.learning_rate}) on a DPOptimizer with learning_rate="
+            f"{'a schedule' if schedule else float(optimizer.learning_rate)}: the deferred noise is scaled by the "
+            "optimizer's rates, so the tables must step at exactly those rates. Use table_optimizer=None"
+        )
+
+
 class LazyBinding:
     """Mixin of :class:`~tfdp_sparse.mechanisms.lazydp.LazyDP`: optimizer and table binding."""
 
@@ -44,7 +82,9 @@ class LazyBinding:
         """Refuses optimizers that break the equivalence; keeps a reference.
 
         Called by ``DPOptimizer.__init__``. LazyDP needs plain SGD (no
-        momentum, weight decay or EMA) and a fixed ``expected_batch_size``.
+        momentum, weight decay or EMA, no row-wise ``table_optimizer`` other
+        than ``TableSGD`` at the optimizer's own constant rate) and a fixed
+        ``expected_batch_size``.
         """
         if not isinstance(optimizer, (tf.keras.optimizers.SGD, tf.keras.optimizers.legacy.SGD)):
             raise TypeError(
@@ -59,6 +99,7 @@ class LazyBinding:
                 "velocity (which carries past noise) at every step, so noise cannot be deferred and "
                 "the result would no longer be DP-SGD's distribution. Use momentum=0.0."
             )
+        _check_table_optimizer(optimizer)
         for key in ("weight_decay",):
             if getattr(optimizer, key, None) not in (None, 0, 0.0):
                 raise ValueError(

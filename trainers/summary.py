@@ -97,7 +97,9 @@ def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_valu
     """The summary of a run; ``epsilon`` is ``None`` with a note when not available.
 
     ``examples_per_sec`` and ``step_ms`` are steady-state figures: the first
-    step of a run (which traces the graph) is left out when there are more.
+    step of a run (which traces the graph) is left out when there are more;
+    ``examples_per_sec`` is examples trained per second of step time, the
+    figure the last progress line prints (``StepStats.examples_per_sec``).
     ``noise_multiplier`` is the σ the accounting charges per step (DP-AdaFEST:
     the effective σ); the mechanism's own settings follow under their names.
     ``extra["outside_guarantee"]`` (a list) is merged into the privacy fields.

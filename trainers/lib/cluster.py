@@ -114,8 +114,9 @@ def train_on_cluster(cluster: str, build_model: Callable[[], tf.keras.Model],
     run = cluster_run.ClusterRun(request, planned, loop.batch_size, loop.learning_rate, noise_seed=loop.noise_seed,
                                  log_every=loop.log_every, dense_optimizer=dense)
     done = cluster_run.train_on_cluster(run, build_model, loss_for, features, labels, resolved.privacy, ledger)
-    stats = StepStats(step_times=[done.step_ms / 1000.0], examples=planned * loop.batch_size,
-                      elapsed=done.step_ms * planned / 1000.0)
+    step_time = done.step_ms * planned / 1000.0
+    stats = StepStats(step_times=[done.step_ms / 1000.0], examples=planned * loop.batch_size, elapsed=step_time,
+                      steady_examples=planned * loop.batch_size, steady_time=step_time)
     if done.executed_steps > planned:
         stop_reason += f"; {done.executed_steps - planned} retried step(s) after worker failures charged too"
     result = finish(ledger, stats, resolved, done.optimizer, loop, 0, stop_reason, noise, tuple(pre_training))

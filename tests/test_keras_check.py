@@ -1,0 +1,56 @@
+"""Keras 3 as ``tf.keras`` is refused when ``tfdp_sparse.keras`` / ``tfdp_sparse.layers`` are imported.
+
+Subprocesses with ``TF_USE_LEGACY_KERAS`` removed from the environment (as
+``env -u TF_USE_LEGACY_KERAS``): once something has used ``tf.keras``,
+TensorFlow has settled on Keras 3 and the import must fail with the fix;
+importing the toolkit first (it sets the variable) or setting the variable
+works.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfdp_sparse import _keras_check
+
+USE_KERAS_3_FIRST = "import tensorflow as tf; tf.keras.layers.Dense(1); "
+
+
+def _python(code: str, legacy: bool) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    if legacy:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                          check=False)
+
+
+@pytest.mark.parametrize("module", ["tfdp_sparse.keras", "tfdp_sparse.layers"])
+def test_keras_3_refused_at_import_with_the_fix(module):
+    proc = _python(USE_KERAS_3_FIRST + f"import {module}", legacy=False)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: tfdp_sparse needs Keras 2"), proc.stderr[-3000:]
+    for part in ("Keras 3", "export TF_USE_LEGACY_KERAS=1", "before TensorFlow is imported", "pip install tf-keras",
+                 "Keras 3 support is planned"):
+        assert part in last, last
+
+
+@pytest.mark.parametrize("code,legacy", [
+    (USE_KERAS_3_FIRST + "import tfdp_sparse.keras, tfdp_sparse.layers", True),  # variable set: tf-keras
+    ("import tfdp_sparse.keras, tfdp_sparse.layers", False),  # the package sets the variable before TF resolves
+])
+def test_tf_keras_imports(code, legacy):
+    proc = _python(code + "; import tensorflow as tf; print(tf.keras.__name__)", legacy=legacy)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().startswith("tf_keras."), proc.stdout
+
+
+def test_package_names():
+    assert _keras_check.is_keras_2("tf_keras.api._v2.keras") and _keras_check.is_keras_2("keras.api._v2.keras")
+    assert not _keras_check.is_keras_2("keras._tf_keras.keras")
+    _keras_check.require_tf_keras()  # this process runs tf-keras

@@ -17,7 +17,7 @@ from tfdp_sparse.clipping.registry import (
     model_layers,
     unattached_layers,
 )
-from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, LayerTap
+from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, LayerTap, tap_read
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.mechanisms import DPSGD, NonPrivate
@@ -111,7 +111,7 @@ def test_registry_uses_exact_types_and_refuses_duplicates_and_non_layers():
         LayerRegistry({tf.keras.layers.Dense: "dense"})
 
 
-def test_layer_without_a_rule_is_refused_and_a_registered_rule_makes_it_trainable():
+def test_layer_without_a_rule_is_refused_without_fallback_and_a_registered_rule_makes_it_trainable():
     class Scale(tf.keras.layers.Layer):
         def build(self, shape):
             self.w = self.add_weight(name="w", shape=(shape[-1], 1), initializer="ones")
@@ -120,25 +120,30 @@ def test_layer_without_a_rule_is_refused_and_a_registered_rule_makes_it_trainabl
             return tf.matmul(x, self.w)
 
     def scale_rule(layer, recorder, call, x):
-        z = tf.matmul(x, layer.w)
+        z = tf.matmul(x, tap_read(layer.w))  # the weight's gradient comes from the tap
         recorder.record(DenseTap(layer.w, None, x, z, layer.name))
         return z
 
     x = tf.constant([[1.0, 2.0], [3.0, -1.0]])
     model = tf.keras.Sequential([Scale(name="scale")])
     model(x)
-    recorder = attach_taps(model)
+    no_fallback = LayerRegistry({tf.keras.layers.Dense: keras_layers.dense_rule})
+    recorder = attach_taps(model, no_fallback)
     with pytest.raises(UnsupportedLayerError, match="scale"):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(x, training=True), axis=-1)
         clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 1.0)
-    registry = default_registry()
-    registry.register(Scale, scale_rule)
-    recorder = attach_taps(model, registry)
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(model(x, training=True), axis=-1)
-    result = clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 1e6)
-    np.testing.assert_allclose(result.norms.numpy(), np.linalg.norm(x.numpy(), axis=1), rtol=1e-6)
+    with_rule = default_registry()
+    with_rule.register(Scale, scale_rule)
+    for registry in (default_registry(), with_rule):  # the exact generic fallback, then the registered rule
+        recorder = attach_taps(model, registry)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x, training=True), axis=-1)
+        recorded = recorder.take()
+        kinds = {type(t).__name__ for t in recorded} - {"LayerTap"}
+        assert kinds == ({"GenericTap"} if registry is not with_rule else {"DenseTap"})
+        result = clip_gradients(loss, tape, model.trainable_variables, recorded, 1e6)
+        np.testing.assert_allclose(result.norms.numpy(), np.linalg.norm(x.numpy(), axis=1), rtol=1e-6)
 
 
 def test_fit_without_attach_and_layers_created_after_attach_get_clear_errors():

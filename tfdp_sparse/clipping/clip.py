@@ -19,8 +19,21 @@ weights: its direct gradient would be lost) and, when clipping
 (``clip_norm`` set), any called layer holding variables no tap covers (e.g.
 ``BatchNormalization``, whose moving statistics are exact batch statistics).
 
+Each tap kind has a module with ``squared_norms`` and ``clipped_gradients``
+(``_WEIGHT_MODULES``: ``Dense`` and ``Conv1D`` -> :mod:`~tfdp_sparse.clipping.dense`,
+``LayerNormalization`` -> :mod:`~tfdp_sparse.clipping.layer_norm`, ``EinsumDense``
+-> :mod:`~tfdp_sparse.clipping.einsum_dense`; tables ->
+:mod:`~tfdp_sparse.clipping.embedding`); layers on the generic fallback
+(:mod:`~tfdp_sparse.clipping.generic`) get exact per-example gradients of the
+variables no other tap covers, recomputed per example from the same backward
+pass. The backward pass runs under
+:func:`~tfdp_sparse.clipping.taps.ghost_backward`, so a tapped weight's own
+gradient must be ``None``: one that is not is also read elsewhere (tied
+weights) and refused (:func:`~tfdp_sparse.clipping.coverage.check_weight_reads`).
+
 Cost: one backward pass to the taps, then O(B * (L d + in + out)) work per
-layer; nothing is proportional to a table's vocabulary.
+ghost-norm layer; nothing is proportional to a table's vocabulary. A layer on
+the generic fallback costs B recomputations of it.
 
 Example::
 
@@ -35,20 +48,35 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from types import ModuleType
 from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
 from tfdp_sparse.accounting.validation import validate_l2_norm_clip
 from tfdp_sparse.clipping import dense as dense_norms
+from tfdp_sparse.clipping import einsum_dense as einsum_norms
 from tfdp_sparse.clipping import embedding as embedding_norms
+from tfdp_sparse.clipping import generic
+from tfdp_sparse.clipping import layer_norm as layer_norm_norms
 from tfdp_sparse.clipping.coverage import (
     SUPPORTED_LAYERS,
     UnsupportedLayerError,
     check_layers_covered,
     check_table_reads,
+    check_weight_reads,
+    variables_of,
 )
-from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, Tap
+from tfdp_sparse.clipping.taps import (
+    DenseTap,
+    EinsumDenseTap,
+    EmbeddingTap,
+    GenericTap,
+    LayerNormTap,
+    Tap,
+    WeightTap,
+    ghost_backward,
+)
 from tfdp_sparse.tables import table_parts, variable_key
 
 __all__ = ["ClippedGradients", "UnsupportedLayerError", "clip_gradients", "validate_clip_norm"]
@@ -97,6 +125,32 @@ def _check_loss(per_example_loss: tf.Tensor) -> None:
         )
 
 
+_WEIGHT_MODULES: dict[type, ModuleType] = {
+    DenseTap: dense_norms,
+    LayerNormTap: layer_norm_norms,
+    EinsumDenseTap: einsum_norms,
+}
+
+
+@dataclasses.dataclass
+class _Plan:
+    """Which tap covers which variable.
+
+    Attributes:
+      table_taps: ``{table key: [EmbeddingTap]}``.
+      weight_taps: ``{first weight ref: [WeightTap]}`` (a layer called several times is one group).
+      generic_taps: ``[(layer, [GenericTap], claimed variables)]`` for the fallback.
+      direct: variables whose plain tape gradient is used (fallback variables when not clipping).
+      uncovered: variables no tap covers (refused if the loss depends on them).
+    """
+
+    table_taps: dict
+    weight_taps: dict
+    generic_taps: list
+    direct: list
+    uncovered: list
+
+
 def clip_gradients(
     per_example_loss: tf.Tensor,
     tape: tf.GradientTape,
@@ -110,38 +164,106 @@ def clip_gradients(
     if clip_norm is not None:
         check_layers_covered(recorded)
     keys = [variable_key(v) for v in variables]
-    table_taps, dense_taps = _group_taps(recorded, set(keys))
-    covered = set(table_taps) | set(dense_taps)
-    covered |= {t[0].bias.ref() for t in dense_taps.values() if t[0].bias is not None}
-    uncovered = [v for v in variables if variable_key(v) not in covered]
-    tables = [group[0].table for group in table_taps.values()]
+    plan = _plan(recorded, variables, keys, clipping=clip_norm is not None)
+    tables = [group[0].table for group in plan.table_taps.values()]
     parts_per_table = [table_parts(t) for t in tables]
+    tapped = _tapped_weights(plan.weight_taps)
+    flat_taps = [t for group in list(plan.table_taps.values()) + list(plan.weight_taps.values()) for t in group]
+    generic_flat = [t for _, group, _ in plan.generic_taps for t in group]
+    sources = [t.rows if isinstance(t, EmbeddingTap) else t.source for t in flat_taps]
+    generic_sources = [s for t in generic_flat for s in t.sources]
+    requested = (sources + generic_sources + plan.uncovered + plan.direct + [w for w, _ in tapped]
+                 + [p for parts in parts_per_table for p in parts])
+    with ghost_backward():
+        all_grads = list(tape.gradient(per_example_loss, requested, unconnected_gradients=tf.UnconnectedGradients.NONE))
+    tap_grads = dict(zip([id(t) for t in flat_taps], _take(all_grads, len(sources))))
+    generic_grads = _split_per_tap(generic_flat, _take(all_grads, len(generic_sources)))
+    _refuse_uncovered(plan.uncovered, _take(all_grads, len(plan.uncovered)))
+    direct = dict(zip([v.ref() for v in plan.direct], _take(all_grads, len(plan.direct))))
+    check_weight_reads([w for w, _ in tapped], [owner for _, owner in tapped], _take(all_grads, len(tapped)))
 
-    flat_taps = [t for group in list(table_taps.values()) + list(dense_taps.values()) for t in group]
-    sources = [t.rows if isinstance(t, EmbeddingTap) else t.preactivation for t in flat_taps]
-    all_grads = tape.gradient(
-        per_example_loss,
-        sources + uncovered + [p for parts in parts_per_table for p in parts],
-        unconnected_gradients=tf.UnconnectedGradients.NONE,
-    )
-    tap_grads = dict(zip([id(t) for t in flat_taps], all_grads[: len(sources)]))
-    uncovered_grads = all_grads[len(sources) : len(sources) + len(uncovered)]
-    connected_uncovered = [v.name for v, g in zip(uncovered, uncovered_grads) if g is not None]
-    if connected_uncovered:
+    groups = _live_groups(plan, tap_grads, generic_grads)
+    live_tables = {g.key: g.taps for g in groups if isinstance(g, _TableGroup)}
+    table_grads = _join_parts(all_grads, parts_per_table)
+    checks = [
+        check_table_reads(group[0].table, live_tables.get(key, []), [t.owner for t in group], table_direct)
+        for (key, group), table_direct in zip(plan.table_taps.items(), table_grads)
+    ]
+    with tf.control_dependencies([c for c in checks if c is not None]):
+        return _clip_groups(per_example_loss, groups, keys, plan.table_taps, direct, clip_norm)
+
+
+def _take(items: list, count: int) -> list:
+    """Removes and returns the first ``count`` items of ``items``."""
+    head = items[:count]
+    del items[:count]
+    return head
+
+
+def _split_per_tap(generic_flat: Sequence[GenericTap], grads: Sequence) -> dict:
+    """``{id(tap): [gradient of each of its sources]}``."""
+    out, start = {}, 0
+    for tap in generic_flat:
+        count = len(tap.sources)
+        out[id(tap)] = list(grads[start : start + count])
+        start += count
+    return out
+
+
+def _refuse_uncovered(uncovered: Sequence[tf.Variable], grads: Sequence) -> None:
+    connected = [v.name for v, g in zip(uncovered, grads) if g is not None]
+    if connected:
         raise UnsupportedLayerError(
-            f"per-example clipping has no rule for variables {connected_uncovered}: supported layers "
+            f"per-example clipping has no rule for variables {connected}: supported layers "
             f"are {SUPPORTED_LAYERS}"
         )
 
-    groups = _live_groups(table_taps, dense_taps, tap_grads)
-    live_tables = {key: t for kind, key, t, _ in groups if kind == "table"}
-    table_grads = _join_parts(all_grads[len(sources) + len(uncovered) :], parts_per_table)
-    checks = [
-        check_table_reads(group[0].table, live_tables.get(key, []), [t.owner for t in group], direct)
-        for (key, group), direct in zip(table_taps.items(), table_grads)
-    ]
-    with tf.control_dependencies([c for c in checks if c is not None]):
-        return _clip_groups(per_example_loss, groups, keys, table_taps, clip_norm)
+
+def _tapped_weights(weight_taps: dict) -> list[tuple[tf.Variable, str]]:
+    """``[(weight, owner)]`` of every weight a layer rule reads, once each."""
+    seen, out = set(), []
+    for group in weight_taps.values():
+        for tap in group:
+            for weight in tap.weights:
+                if weight is not None and weight.ref() not in seen:
+                    seen.add(weight.ref())
+                    out.append((weight, tap.owner))
+    return out
+
+
+def _plan(recorded: Sequence[Tap], variables: Sequence[tf.Variable], keys: Sequence, clipping: bool) -> _Plan:
+    table_taps, weight_taps = _group_taps(recorded, set(keys))
+    covered = set(table_taps)
+    covered |= {w.ref() for group in weight_taps.values() for w in group[0].weights if w is not None}
+    generic_taps = _claim(recorded, variables, keys, covered)
+    claimed = {v.ref() for _, _, claimed_vars in generic_taps for v in claimed_vars}
+    uncovered = [v for v, k in zip(variables, keys) if k not in covered and k not in claimed]
+    if clipping:
+        return _Plan(table_taps, weight_taps, generic_taps, [], uncovered)
+    direct = [v for _, _, claimed_vars in generic_taps for v in claimed_vars]
+    return _Plan(table_taps, weight_taps, [], direct, uncovered)
+
+
+def _claim(recorded: Sequence[Tap], variables: Sequence[tf.Variable], keys: Sequence, covered: set) -> list:
+    """``[(layer, [GenericTap], variables)]``: each fallback layer claims its variables no other tap covers.
+
+    Inner layers record before the layers that call them, so an inner layer
+    on the fallback claims its variables first; an outer one (e.g. the model)
+    claims only what is left, and drops out if nothing is.
+    """
+    by_layer: dict = {}
+    for tap in recorded:
+        if isinstance(tap, GenericTap):
+            by_layer.setdefault(id(tap.layer), (tap.layer, []))[1].append(tap)
+    taken = set(covered)
+    groups = []
+    for layer, group in by_layer.values():
+        own = {v.ref() for v in variables_of(layer.trainable_weights)}
+        claimed = [v for v, k in zip(variables, keys) if k in own and k not in taken]
+        taken |= {v.ref() for v in claimed}
+        if claimed:
+            groups.append((layer, group, claimed))
+    return groups
 
 
 def _join_parts(grads: Sequence[Gradient], parts_per_table: Sequence[list]) -> list:
@@ -172,52 +294,120 @@ def _join_parts(grads: Sequence[Gradient], parts_per_table: Sequence[list]) -> l
     return out
 
 
-def _live_groups(table_taps: dict, dense_taps: dict, tap_grads: dict) -> list:
-    """``[(kind, key, taps, grads)]`` keeping the taps the loss depends on."""
-    groups = []
-    for kind, by_key in (("table", table_taps), ("dense", dense_taps)):
-        for key, group in by_key.items():
-            pairs = [(t, tap_grads[id(t)]) for t in group if tap_grads[id(t)] is not None]
-            if pairs:
-                groups.append((kind, key, [p[0] for p in pairs], [p[1] for p in pairs]))
+@dataclasses.dataclass
+class _TableGroup:
+    """The live lookups of one table and their row gradients."""
+
+    key: object
+    taps: list
+    grads: list
+
+    def squared_norms(self) -> tf.Tensor:
+        return embedding_norms.squared_norms(self.taps, self.grads)
+
+    def clipped(self, scale: tf.Tensor) -> dict:
+        return {self.key: embedding_norms.clipped_gradient(self.taps, self.grads, scale)}
+
+
+@dataclasses.dataclass
+class _WeightGroup:
+    """The live calls of one layer with a ghost-norm rule and their source gradients."""
+
+    module: ModuleType
+    taps: list
+    grads: list
+
+    def squared_norms(self) -> tf.Tensor:
+        return self.module.squared_norms(self.taps, self.grads)
+
+    def clipped(self, scale: tf.Tensor) -> dict:
+        clipped = self.module.clipped_gradients(self.taps, self.grads, scale)
+        return {w.ref(): g for w, g in zip(self.taps[0].weights, clipped) if w is not None}
+
+
+@dataclasses.dataclass
+class _GenericGroup:
+    """The calls of one layer on the fallback; per-example gradients computed once."""
+
+    taps: list
+    grads: list
+    variables: list
+    _per_example: Optional[tf.Tensor] = None
+
+    def per_example(self) -> tf.Tensor:
+        if self._per_example is None:
+            self._per_example = generic.per_example_gradients(self.taps, self.grads, self.variables)
+        return self._per_example
+
+    def squared_norms(self) -> tf.Tensor:
+        return generic.squared_norms(self.per_example())
+
+    def clipped(self, scale: tf.Tensor) -> dict:
+        grads = generic.clipped_gradients(self.per_example(), scale, self.variables)
+        return {v.ref(): g for v, g in zip(self.variables, grads)}
+
+
+def _live(group: Sequence, grads_of) -> tuple[list, list]:
+    pairs = [(t, grads_of(t)) for t in group]
+    pairs = [(t, g) for t, g in pairs if g is not None]
+    return [t for t, _ in pairs], [g for _, g in pairs]
+
+
+def _live_groups(plan: _Plan, tap_grads: dict, generic_grads: dict) -> list:
+    """The groups whose taps the loss depends on (a call without gradient is dropped)."""
+    groups: list = []
+    for key, group in plan.table_taps.items():
+        live, grads = _live(group, lambda t: tap_grads[id(t)])
+        if live:
+            groups.append(_TableGroup(key, live, grads))
+    for group in plan.weight_taps.values():
+        live, grads = _live(group, lambda t: tap_grads[id(t)])
+        if live:
+            groups.append(_WeightGroup(_WEIGHT_MODULES[type(group[0])], live, grads))
+    for layer, group, claimed in plan.generic_taps:
+        live, grads = _live(group, lambda t: generic_grads[id(t)] if any(
+            g is not None for g in generic_grads[id(t)]) else None)
+        if live:
+            generic.announce(layer, claimed)
+            groups.append(_GenericGroup(live, grads, claimed))
     return groups
 
 
 def _group_taps(recorded: Sequence[Tap], wanted: set) -> tuple[dict, dict]:
-    """``({table ref: [EmbeddingTap]}, {kernel ref: [DenseTap]})`` for the wanted variables."""
+    """``({table key: [EmbeddingTap]}, {first weight ref: [WeightTap]})`` for the wanted variables."""
     table_taps: dict = {}
-    dense_taps: dict = {}
+    weight_taps: dict = {}
     for tap in recorded:
         if isinstance(tap, EmbeddingTap) and variable_key(tap.table) in wanted:
             table_taps.setdefault(variable_key(tap.table), []).append(tap)
-        elif isinstance(tap, DenseTap) and tap.kernel.ref() in wanted:
-            dense_taps.setdefault(tap.kernel.ref(), []).append(tap)
-    return table_taps, dense_taps
+        elif type(tap) in _WEIGHT_MODULES:
+            key = _weight_key(tap)
+            if key in wanted:
+                weight_taps.setdefault(key, []).append(tap)
+    return table_taps, weight_taps
 
 
-def _clip_groups(per_example_loss, groups, keys, table_taps, clip_norm) -> ClippedGradients:
+def _weight_key(tap: WeightTap):
+    return next(w for w in tap.weights if w is not None).ref()
+
+
+def _clip_groups(per_example_loss, groups, keys, table_taps, direct, clip_norm) -> ClippedGradients:
     """Norms, scales and clipped sums of the live tap groups."""
     batch_size = tf.shape(per_example_loss)[0]
     if clip_norm is None:
         norms = None
         scale = tf.ones([batch_size], tf.float32)
     else:
-        squared = tf.zeros([batch_size], tf.float32)
-        for kind, _, t, g in groups:
-            module = embedding_norms if kind == "table" else dense_norms
-            squared += module.squared_norms(t, g)
-        norms = tf.sqrt(squared)
-        scale = tf.minimum(1.0, clip_norm / tf.maximum(norms, 1e-12))
+        squared = tf.zeros([batch_size], tf.float64)  # float64 sum: float64 models keep their precision
+        for group in groups:
+            squared += tf.cast(group.squared_norms(), tf.float64)
+        exact_norms = tf.sqrt(squared)
+        scale = tf.minimum(tf.constant(1.0, tf.float64), clip_norm / tf.maximum(exact_norms, 1e-12))
+        norms = tf.cast(exact_norms, tf.float32)
 
-    by_key: dict = {}
-    for kind, key, t, g in groups:
-        if kind == "table":
-            by_key[key] = embedding_norms.clipped_gradient(t, g, scale)
-        else:
-            kernel, bias = dense_norms.clipped_gradients(t, g, scale)
-            by_key[key] = kernel
-            if bias is not None:
-                by_key[t[0].bias.ref()] = bias
+    by_key: dict = dict(direct)
+    for group in groups:
+        by_key.update(group.clipped(scale))
     return ClippedGradients(
         grads=[by_key.get(k) for k in keys],
         is_table=[k in table_taps for k in keys],

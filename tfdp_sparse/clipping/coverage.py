@@ -2,24 +2,29 @@
 
 Ghost clipping (:mod:`tfdp_sparse.clipping.clip`) bounds an example's
 contribution only through the variables its taps cover: the tables of
-``Embedding`` / ``DPEmbedding`` lookups and the kernel and bias of ``Dense``
-layers. The supported layer kinds are exactly the layers that record
-:class:`~tfdp_sparse.clipping.taps.EmbeddingTap` /
-:class:`~tfdp_sparse.clipping.taps.DenseTap` (the rules of
-:class:`~tfdp_sparse.clipping.registry.LayerRegistry`, as in TF Privacy's
-``fast_gradient_clipping``: ``clipping/keras_layers.py`` for stock Keras,
-``layers/embedding.dp_embedding_rule`` for the toolkit's table).
-Anything else would escape the guarantee silently, so it is refused:
+``Embedding`` / ``DPEmbedding`` lookups, the weights of the layers with a rule
+in :class:`~tfdp_sparse.clipping.registry.LayerRegistry` (``Dense``,
+``EinsumDense``, ``LayerNormalization``, ``Conv1D``, ``TimeDistributed(Dense)``,
+as in TF Privacy's ``fast_gradient_clipping``) and, through the exact generic
+fallback (:mod:`tfdp_sparse.clipping.generic`), the trainable variables of any
+other layer that holds no other state. Anything else would escape the
+guarantee silently, so it is refused:
 
 * :func:`check_layers_covered` — every layer called in the forward pass must
   own only variables some tap covers. A ``BatchNormalization`` (any config)
   is refused: its moving mean/variance are exact statistics of each batch,
-  written without clipping or noise, and γ/β have no clipping rule. So is any
-  other layer holding state (trainable or not) outside the registry.
+  written without clipping or noise. So is any other layer holding
+  non-trainable state outside the registry — except the adapted
+  preprocessing layers (``Normalization``, ``StringLookup``, ``IntegerLookup``,
+  ``Discretization``, ``TextVectorization``), whose state is fixed before
+  training and never has a gradient: it is data-dependent but outside the
+  per-example guarantee, listed by :func:`data_dependent_state`.
 * :func:`check_table_reads` — a table must be read on the
   gradient path only by its tapped lookups. Tied weights (the table also used
   as an output layer, ``tf.matmul(h, table, transpose_b=True)``) would lose
   the direct gradient: ghost clipping scatters only the looked-up rows.
+* :func:`check_weight_reads` — likewise a weight read by a layer rule
+  (``Dense`` kernel, ...) must get its whole gradient through the rule's tap.
 
 Example::
 
@@ -39,21 +44,34 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, LayerTap, Tap
+from tfdp_sparse.clipping.taps import EmbeddingTap, GenericTap, LayerTap, Tap
 from tfdp_sparse.distribute.shards import is_sharded
 from tfdp_sparse.tables import table_parts
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
 
 SUPPORTED_LAYERS = (
-    "tf.keras.layers.Dense (dense inputs), tf.keras.layers.Embedding and tfdp_sparse.layers.DPEmbedding"
+    "tf.keras.layers.Dense (dense inputs), tf.keras.layers.Embedding, tfdp_sparse.layers.DPEmbedding, "
+    "tf.keras.layers.LayerNormalization (per example), tf.keras.layers.EinsumDense (and so "
+    "MultiHeadAttention), tf.keras.layers.Conv1D, tf.keras.layers.TimeDistributed(Dense), and any other "
+    "layer whose only variables are trainable and whose tensor arguments are dense and batch-major "
+    "(exact generic fallback: per-example recomputation); adapted Normalization/StringLookup/"
+    "IntegerLookup/Discretization/TextVectorization hold fixed, data-dependent state"
 )
 
 _WHY = (
     (tf.keras.layers.BatchNormalization,
-     "BatchNormalization's moving mean/variance are exact statistics of each batch and its "
-     "gamma/beta have no per-example clipping rule; LayerNormalization(center=False, scale=False) "
-     "normalises per example and holds no variables"),
+     "BatchNormalization's moving mean/variance are exact statistics of each batch; "
+     "LayerNormalization normalises per example and is supported"),
+)
+
+#: Preprocessing layers whose state is set by ``adapt`` (or given), never by training.
+PREPROCESSING_LAYERS = (
+    tf.keras.layers.Normalization,
+    tf.keras.layers.StringLookup,
+    tf.keras.layers.IntegerLookup,
+    tf.keras.layers.Discretization,
+    tf.keras.layers.TextVectorization,
 )
 
 
@@ -72,11 +90,16 @@ def covered_variables(recorded: Sequence[Tap]) -> set:
     for tap in recorded:
         if isinstance(tap, EmbeddingTap):
             covered.update(v.ref() for v in table_parts(tap.table))
-        elif isinstance(tap, DenseTap):
-            covered.add(tap.kernel.ref())
-            if tap.bias is not None:
-                covered.add(tap.bias.ref())
+        elif isinstance(tap, GenericTap):
+            covered.update(v.ref() for v in variables_of(tap.layer.trainable_weights))
+        elif not isinstance(tap, LayerTap):
+            covered.update(w.ref() for w in tap.weights if w is not None)
     return covered
+
+
+def variables_of(weights: Sequence) -> list[tf.Variable]:
+    """The ``tf.Variable`` entries of a layer's weight list (lookup layers also list vocabulary handlers)."""
+    return [w for w in weights if isinstance(w, tf.Variable)]
 
 
 def own_variables(layer: tf.keras.layers.Layer) -> list[tf.Variable]:
@@ -85,9 +108,9 @@ def own_variables(layer: tf.keras.layers.Layer) -> list[tf.Variable]:
         v.ref()
         for sub in layer.submodules
         if isinstance(sub, tf.keras.layers.Layer)
-        for v in sub.weights
+        for v in variables_of(sub.weights)
     }
-    return [v for v in layer.weights if v.ref() not in inner]
+    return [v for v in variables_of(layer.weights) if v.ref() not in inner]
 
 
 def _why(layer: tf.keras.layers.Layer) -> str:
@@ -108,7 +131,7 @@ def check_layers_covered(recorded: Sequence[Tap]) -> None:
     covered = covered_variables(recorded)
     seen = set()
     for tap in recorded:
-        if not isinstance(tap, LayerTap) or id(tap.layer) in seen:
+        if not isinstance(tap, LayerTap) or id(tap.layer) in seen or isinstance(tap.layer, PREPROCESSING_LAYERS):
             continue
         seen.add(id(tap.layer))
         loose = [v.name for v in own_variables(tap.layer) if v.ref() not in covered]
@@ -171,3 +194,62 @@ def _check_row_count(grad: tf.IndexedSlices, tap_list: Sequence[EmbeddingTap], m
         return None
     looked_up = tf.add_n([tf.size(t.ids, out_type=tf.int64) for t in tap_list])
     return tf.debugging.assert_equal(tf.size(grad.indices, out_type=tf.int64), looked_up, message=message)
+
+
+def check_weight_reads(weights: Sequence[tf.Variable], owners: Sequence[str], grads: Sequence[Gradient]) -> None:
+    """Refuses a tapped weight whose variable gets a gradient of its own.
+
+    Layer rules read their weights through :func:`~tfdp_sparse.clipping.taps.tap_read`,
+    which passes no gradient to the variable during the private step's
+    backward pass (:func:`~tfdp_sparse.clipping.taps.ghost_backward`): all of
+    it is rebuilt from the taps. ``grads[k]``, the tape's gradient to
+    ``weights[k]`` itself, is therefore ``None`` unless the weight is also
+    read elsewhere on the gradient path (tied weights), and that part would
+    be lost, unclipped.
+
+    Example: a decoder computing ``tf.matmul(h, enc.kernel, transpose_b=True)``
+    with the kernel of the ``Dense`` layer ``enc`` gets a gradient here:
+    refused, naming ``enc``.
+    """
+    for weight, owner, grad in zip(weights, owners, grads):
+        if grad is not None:
+            raise UnsupportedLayerError(
+                f"variable {weight.name!r} of layer {owner!r} is read outside that layer on the gradient path "
+                f"(tied weights, e.g. tf.matmul(h, {owner}.kernel, transpose_b=True)): per-example clipping "
+                "rebuilds that variable's gradient from the layer's own inputs and outputs only, so the gradient "
+                "of the other use would be lost, unclipped. Give the other use its own layer (e.g. a second "
+                "Dense), or read the weight through tf.stop_gradient if that use must not train it. (A custom "
+                "layer rule must read the weights its tap covers through tfdp_sparse.clipping.taps.tap_read.)"
+            )
+
+
+def _describe(layer: tf.keras.layers.Layer) -> Optional[str]:
+    kind = type(layer).__name__
+    if isinstance(layer, tf.keras.layers.Normalization):
+        return f"adapted {kind} {layer.name!r} (mean/variance of the data)"
+    if isinstance(layer, tf.keras.layers.Discretization):
+        return f"adapted {kind} {layer.name!r} (bin boundaries from quantiles of the data)"
+    vocabulary = layer.get_vocabulary(include_special_tokens=False)
+    return f"adapted {kind} {layer.name!r} (vocabulary of {len(vocabulary)} tokens)"
+
+
+def data_dependent_state(model: tf.keras.layers.Layer) -> list[str]:
+    """Human-readable descriptions of the state ``model``'s layers took from data by ``adapt``.
+
+    That state (a normalisation's mean/variance, a lookup's vocabulary) is
+    fixed before training and has no gradient, so the private step accepts
+    it, but it is computed from the data without clipping or noise: the
+    privacy guarantee of training does not cover it (adapt on public data, or
+    compute it privately, e.g. a DP vocabulary from
+    :mod:`tfdp_sparse.data.dp_vocabulary`, and pass it to the layer's constructor).
+
+    Example::
+
+        norm = tf.keras.layers.Normalization(name="norm"); norm.adapt(x)
+        data_dependent_state(model)
+        # ["adapted Normalization 'norm' (mean/variance of the data)"]
+    """
+    from tfdp_sparse.clipping.registry import model_layers  # registry -> generic -> taps; no cycle at import
+
+    return [_describe(layer) for layer in model_layers(model)
+            if isinstance(layer, PREPROCESSING_LAYERS) and layer.is_adapted]

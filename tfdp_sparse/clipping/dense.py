@@ -25,15 +25,16 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping.taps import DenseTap
+from tfdp_sparse.clipping.taps import DenseTap, accumulation_dtype
 
 
 def _stack(tap_list: Sequence[DenseTap], grads: Sequence[tf.Tensor]):
     a_list, d_list = [], []
     for tap, grad in zip(tap_list, grads):
         batch = tf.shape(tap.inputs)[0]
-        a_list.append(tf.reshape(tf.cast(tap.inputs, tf.float32), [batch, -1, tap.inputs.shape[-1]]))
-        d_list.append(tf.reshape(tf.cast(grad, tf.float32), [batch, -1, tap.preactivation.shape[-1]]))
+        dtype = accumulation_dtype(grad.dtype)
+        a_list.append(tf.reshape(tf.cast(tap.inputs, dtype), [batch, -1, tap.inputs.shape[-1]]))
+        d_list.append(tf.reshape(tf.cast(grad, dtype), [batch, -1, tap.preactivation.shape[-1]]))
     if len(a_list) == 1:
         return a_list[0], d_list[0]
     return tf.concat(a_list, axis=1), tf.concat(d_list, axis=1)
@@ -46,23 +47,29 @@ def _is_single_position(tap_list: Sequence[DenseTap]) -> bool:
 def squared_norms(tap_list: Sequence[DenseTap], grads: Sequence[tf.Tensor]) -> tf.Tensor:
     """Per-example squared norm ``[B]`` of the layer's kernel and bias gradient."""
     a, delta = _stack(tap_list, grads)
-    has_bias = tap_list[0].bias is not None
-    if _is_single_position(tap_list):
-        a2 = tf.reduce_sum(tf.square(a), axis=[1, 2])
-        d2 = tf.reduce_sum(tf.square(delta), axis=[1, 2])
-        return a2 * d2 + (d2 if has_bias else 0.0)
+    kernel_sq = kernel_squared_norms(a, delta, _is_single_position(tap_list))
+    if tap_list[0].bias is None:
+        return kernel_sq
+    return kernel_sq + tf.reduce_sum(tf.square(tf.reduce_sum(delta, axis=1)), axis=1)
+
+
+def kernel_squared_norms(a: tf.Tensor, delta: tf.Tensor, single_position: bool = False) -> tf.Tensor:
+    """``||a_i^T delta_i||_F^2`` per example for ``a [B, T, in]``, ``delta [B, T, out]``.
+
+    ``single_position`` (``T = 1``): the product of the two norms. Otherwise the
+    Gram form of Li et al. 2022, or the materialised ``[B, in, out]`` gradient
+    when that is smaller than the ``[B, T, T]`` Gram matrices.
+    """
+    if single_position:
+        return tf.reduce_sum(tf.square(a), axis=[1, 2]) * tf.reduce_sum(tf.square(delta), axis=[1, 2])
     fan_in, fan_out = int(a.shape[-1]), int(delta.shape[-1])
     positions = a.shape[1]
     if positions is not None and fan_in * fan_out < positions * positions:
         per_example = tf.einsum("bti,bto->bio", a, delta)
-        kernel_sq = tf.reduce_sum(tf.square(per_example), axis=[1, 2])
-    else:
-        gram_a = tf.einsum("bti,bsi->bts", a, a)
-        gram_d = tf.einsum("bto,bso->bts", delta, delta)
-        kernel_sq = tf.reduce_sum(gram_a * gram_d, axis=[1, 2])
-    if not has_bias:
-        return kernel_sq
-    return kernel_sq + tf.reduce_sum(tf.square(tf.reduce_sum(delta, axis=1)), axis=1)
+        return tf.reduce_sum(tf.square(per_example), axis=[1, 2])
+    gram_a = tf.einsum("bti,bsi->bts", a, a)
+    gram_d = tf.einsum("bto,bso->bts", delta, delta)
+    return tf.reduce_sum(gram_a * gram_d, axis=[1, 2])
 
 
 def clipped_gradients(
@@ -71,6 +78,6 @@ def clipped_gradients(
     """``(sum_i c_i a_i^T delta_i, sum_i c_i sum_t delta_{i,t})``."""
     a, delta = _stack(tap_list, grads)
     weighted = delta * tf.cast(scale, delta.dtype)[:, tf.newaxis, tf.newaxis]
-    kernel = tf.einsum("bti,bto->io", a, weighted)
+    kernel = tf.reshape(tf.einsum("bti,bto->io", a, weighted), tap_list[0].kernel.shape)  # Conv1D: [k, in, out]
     bias = tf.reduce_sum(weighted, axis=[0, 1]) if tap_list[0].bias is not None else None
     return kernel, bias

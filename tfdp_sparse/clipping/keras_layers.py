@@ -40,12 +40,13 @@ def dense_rule(layer: tf.keras.layers.Dense, recorder: taps.TapRecorder, call: C
         return call(inputs, *args, **kwargs)
     if inputs.dtype.base_dtype != layer._compute_dtype_object.base_dtype:
         inputs = tf.cast(inputs, dtype=layer._compute_dtype_object)
+    kernel = taps.tap_read(layer.kernel)  # its gradient comes from the tap (tied reads are refused)
     if inputs.shape.rank == 2:
-        z = tf.matmul(inputs, layer.kernel)
+        z = tf.matmul(inputs, kernel)
     else:
-        z = tf.tensordot(inputs, layer.kernel, [[inputs.shape.rank - 1], [0]])
+        z = tf.tensordot(inputs, kernel, [[inputs.shape.rank - 1], [0]])
     if layer.use_bias:
-        z = tf.nn.bias_add(z, layer.bias)
+        z = tf.nn.bias_add(z, taps.tap_read(layer.bias))
     recorder.record(taps.DenseTap(layer.kernel, layer.bias if layer.use_bias else None, inputs, z, layer.name))
     return layer.activation(z) if layer.activation is not None else z
 

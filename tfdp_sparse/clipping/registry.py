@@ -14,8 +14,14 @@ and no state is global: the wrappers live on the model's own layer
 instances, until :func:`detach_taps`.
 
 Adding a layer kind: write ``rule(layer, recorder, call, *args, **kwargs)``
-that returns the layer's output and calls ``recorder.record(...)``, then
-``registry.register(MyLayer, rule)``.
+that returns the layer's output, reads the weights its taps cover through
+:func:`~tfdp_sparse.clipping.taps.tap_read` and calls ``recorder.record(...)``,
+then ``registry.register(MyLayer, rule)``.
+
+A registry may also have a *fallback* rule for layers of no registered type
+that hold trainable variables outside ruled sub-layers (and no other state):
+:func:`default_registry` uses the exact per-example recomputation of
+:mod:`tfdp_sparse.clipping.generic`.
 
 Example::
 
@@ -34,7 +40,7 @@ from typing import Callable, Mapping, Optional
 import tensorflow as tf
 from tensorflow.python.autograph.impl.api import autograph_artifact  # no public equivalent
 
-from tfdp_sparse.clipping import keras_layers
+from tfdp_sparse.clipping import conv1d, einsum_dense, generic, keras_layers, layer_norm, time_distributed
 from tfdp_sparse.clipping.taps import LayerTap, TapRecorder
 
 #: ``rule(layer, recorder, call, *args, **kwargs) -> outputs``.
@@ -49,12 +55,19 @@ class LayerRegistry:
 
     Args:
       rules: initial ``{layer type: rule}``.
+      fallback: the rule of layers without one that hold trainable variables
+        outside ruled sub-layers and no non-trainable ones
+        (:func:`tfdp_sparse.clipping.generic.needs_fallback`); ``None``: no
+        fallback, such layers are refused.
     """
 
-    def __init__(self, rules: Optional[Mapping[type, LayerRule]] = None):
+    def __init__(self, rules: Optional[Mapping[type, LayerRule]] = None, fallback: Optional[LayerRule] = None):
         self._rules: dict[type, LayerRule] = {}
         for layer_type, rule in (rules or {}).items():
             self.register(layer_type, rule)
+        if fallback is not None and not callable(fallback):
+            raise TypeError(f"fallback must be callable, got {fallback!r}")
+        self._fallback = fallback
 
     def register(self, layer_type: type, rule: LayerRule) -> None:
         """Adds the rule of ``layer_type``; refuses a second rule for the same type."""
@@ -67,8 +80,15 @@ class LayerRegistry:
         self._rules[layer_type] = rule
 
     def rule_for(self, layer: tf.keras.layers.Layer) -> Optional[LayerRule]:
-        """The rule of ``type(layer)`` exactly, or ``None``."""
-        return self._rules.get(type(layer))
+        """The rule of ``type(layer)`` exactly, else the fallback if the layer needs it, else ``None``."""
+        rule = self._rules.get(type(layer))
+        if rule is None and self._fallback is not None and generic.needs_fallback(layer, self.has_rule):
+            return self._fallback
+        return rule
+
+    def has_rule(self, layer: tf.keras.layers.Layer) -> bool:
+        """Whether ``type(layer)`` exactly has a registered rule (the fallback does not count)."""
+        return type(layer) in self._rules
 
     def describe(self) -> str:
         """The supported layer kinds, for error messages."""
@@ -76,14 +96,24 @@ class LayerRegistry:
 
 
 def default_registry() -> LayerRegistry:
-    """A new registry with stock ``Dense`` / ``Embedding`` and the toolkit's ``DPEmbedding``."""
+    """A new registry with the stock rules and the exact generic fallback.
+
+    Rules: ``Dense``, ``Embedding``, the toolkit's ``DPEmbedding``,
+    ``LayerNormalization``, ``EinsumDense`` (so ``MultiHeadAttention``),
+    ``Conv1D`` and ``TimeDistributed(Dense)``; any other layer holding only
+    trainable variables falls back to :func:`tfdp_sparse.clipping.generic.generic_rule`.
+    """
     from tfdp_sparse.layers.embedding import DPEmbedding, dp_embedding_rule  # layers import clipping.taps
 
     return LayerRegistry({
         tf.keras.layers.Dense: keras_layers.dense_rule,
         tf.keras.layers.Embedding: keras_layers.embedding_rule,
         DPEmbedding: dp_embedding_rule,
-    })
+        tf.keras.layers.LayerNormalization: layer_norm.layer_norm_rule,
+        tf.keras.layers.EinsumDense: einsum_dense.einsum_dense_rule,
+        tf.keras.layers.Conv1D: conv1d.conv1d_rule,
+        tf.keras.layers.TimeDistributed: time_distributed.time_distributed_rule,
+    }, fallback=generic.generic_rule)
 
 
 def _is_op_layer(layer: tf.keras.layers.Layer) -> bool:

@@ -7,6 +7,11 @@ needs, for every trainable layer, the tensors on each side of its weights:
 * a lookup (``Embedding`` / :class:`tfdp_sparse.layers.DPEmbedding`): the
   looked-up ids ``[B, L]`` and the gathered rows ``[B, L, d]``;
 * a ``Dense`` layer: its input ``a`` and its pre-activation output ``z``;
+* a ``LayerNormalization``: the normalised input ``x_hat`` and the output;
+* an ``EinsumDense``: its input and its pre-activation output (with the
+  equation that relates them to the kernel);
+* a layer without a rule (:mod:`tfdp_sparse.clipping.generic`): its inputs,
+  its outputs and a way to recompute it on one example;
 * every Keras layer called while the tape records: the layer itself
   (:class:`LayerTap`), so the private step can refuse layers whose variables
   no tap covers (e.g. ``BatchNormalization``'s moving statistics).
@@ -32,10 +37,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import weakref
-from typing import Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import tensorflow as tf
 from tensorflow.python.eager import record as _tape_record
@@ -78,6 +84,101 @@ class DenseTap:
     owner: str
 
 
+    @property
+    def weights(self) -> tuple[Optional[tf.Variable], ...]:
+        """``(kernel, bias)``, aligned with :func:`tfdp_sparse.clipping.dense.clipped_gradients`."""
+        return (self.kernel, self.bias)
+
+    @property
+    def source(self) -> tf.Tensor:
+        """The tensor whose loss gradient the clipping rule needs."""
+        return self.preactivation
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNormTap:
+    """One call of ``y = x_hat * gamma + beta`` (``LayerNormalization``).
+
+    Attributes:
+      gamma: the scale variable (``None`` for ``scale=False``).
+      beta: the offset variable (``None`` for ``center=False``).
+      normalized: ``x_hat`` ``[B, ..., d]``, the input normalised per example.
+      outputs: ``y`` with the shape of ``x_hat`` (gradient source).
+      axes: the normalised axes (non-negative), the axes ``gamma`` spans.
+      owner: the layer's name.
+    """
+
+    gamma: Optional[tf.Variable]
+    beta: Optional[tf.Variable]
+    normalized: tf.Tensor
+    outputs: tf.Tensor
+    axes: tuple[int, ...]
+    owner: str
+
+    @property
+    def weights(self) -> tuple[Optional[tf.Variable], ...]:
+        return (self.gamma, self.beta)
+
+    @property
+    def source(self) -> tf.Tensor:
+        return self.outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class EinsumDenseTap:
+    """One call of ``z = einsum(equation, x, kernel) + bias`` (``EinsumDense``).
+
+    Attributes:
+      kernel: the kernel variable.
+      bias: the bias variable or ``None``.
+      inputs: ``x``.
+      preactivation: ``z`` (gradient source).
+      equation: the layer's equation with any ``...`` spelled out as letters.
+      owner: the layer's name.
+    """
+
+    kernel: tf.Variable
+    bias: Optional[tf.Variable]
+    inputs: tf.Tensor
+    preactivation: tf.Tensor
+    equation: str
+    owner: str
+
+    @property
+    def weights(self) -> tuple[Optional[tf.Variable], ...]:
+        return (self.kernel, self.bias)
+
+    @property
+    def source(self) -> tf.Tensor:
+        return self.preactivation
+
+
+@dataclasses.dataclass(frozen=True)
+class GenericTap:
+    """One call of a layer without a clipping rule (the exact fallback).
+
+    Attributes:
+      layer: the called layer (its trainable variables that no other tap
+        covers get per-example gradients from this tap).
+      args: the positional arguments of the call (tensors batch-major).
+      kwargs: the keyword arguments of the call.
+      outputs: what the call returned (its float tensors are gradient sources).
+      recompute: ``recompute(*args, **kwargs)`` runs the layer's own ``call``
+        again without recording taps (used on one example at a time).
+    """
+
+    layer: tf.Module
+    args: tuple
+    kwargs: dict
+    outputs: Any
+    recompute: Callable[..., Any]
+
+    @property
+    def sources(self) -> list[tf.Tensor]:
+        """The float tensors of ``outputs``, flattened."""
+        return [t for t in tf.nest.flatten(self.outputs) if isinstance(t, tf.Tensor) and t.dtype.is_floating]
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerTap:
     """One call of any Keras layer (or model) while a tape records.
@@ -91,7 +192,65 @@ class LayerTap:
     layer: tf.Module
 
 
-Tap = Union[EmbeddingTap, DenseTap, LayerTap]
+#: Taps of layers with weights on each side of which a ghost-norm rule applies.
+WeightTap = Union[DenseTap, LayerNormTap, EinsumDenseTap]
+Tap = Union[EmbeddingTap, DenseTap, LayerNormTap, EinsumDenseTap, GenericTap, LayerTap]
+
+class _Depth(threading.local):
+    """A per-thread nesting depth (0 = inactive)."""
+
+    depth = 0
+
+
+_BACKWARD = _Depth()
+
+
+@contextlib.contextmanager
+def ghost_backward() -> Iterator[None]:
+    """While active, weights read through :func:`tap_read` pass no gradient to their variables.
+
+    The private step takes its one backward pass under this context: every
+    tapped weight's gradient comes from its taps, so the tape's gradient to
+    the variable itself must be ``None``; anything else is a read outside
+    the layer (tied weights) and is refused. Gradients taken outside the
+    context (an ordinary training loop on an attached model) are unchanged.
+    """
+    depth = _BACKWARD.depth
+    _BACKWARD.depth = depth + 1
+    try:
+        yield
+    finally:
+        _BACKWARD.depth = depth
+
+
+def _in_ghost_backward() -> bool:
+    return _BACKWARD.depth > 0
+
+
+@tf.custom_gradient
+def _tap_read(value: tf.Tensor):
+    def grad(upstream):
+        return None if _in_ghost_backward() else upstream
+
+    return tf.identity(value), grad
+
+
+def tap_read(variable: tf.Variable) -> tf.Tensor:
+    """The value of a weight a layer rule covers (see :func:`ghost_backward`).
+
+    Example::
+
+        w = tap_read(layer.kernel)
+        z = tf.matmul(a, w)          # an ordinary tape still gets d loss / d kernel
+        with ghost_backward():
+            tape.gradient(loss, layer.kernel)   # None, unless the kernel is also read elsewhere
+    """
+    return _tap_read(tf.convert_to_tensor(variable))
+
+
+def accumulation_dtype(dtype: tf.DType) -> tf.DType:
+    """The dtype norms and clipped sums are computed in: float64 stays, anything else is float32."""
+    return tf.float64 if dtype == tf.float64 else tf.float32
 
 
 def is_recording() -> bool:
@@ -119,10 +278,11 @@ class TapRecorder:
     def __init__(self):
         self._lock = threading.Lock()
         self._taps: "weakref.WeakKeyDictionary[tf.Graph, list[Tap]]" = weakref.WeakKeyDictionary()
+        self._paused = _Depth()
 
     def record(self, tap: Tap) -> None:
         """Stores ``tap`` for the private step of the current graph (only while a tape records)."""
-        if not is_recording():
+        if not self.is_active():
             return
         graph = tf.compat.v1.get_default_graph()
         with self._lock:
@@ -137,3 +297,17 @@ class TapRecorder:
     def clear(self) -> None:
         """Forgets the taps of the current graph (e.g. before a step, after an aborted one)."""
         self.take()
+
+    def is_active(self) -> bool:
+        """True when :meth:`record` would keep a tap (a tape records and not :meth:`paused`)."""
+        return is_recording() and self._paused.depth == 0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Records nothing in this thread meanwhile (the fallback's per-example recomputation)."""
+        depth = self._paused.depth
+        self._paused.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._paused.depth = depth

@@ -14,11 +14,17 @@ The registry below names, per algorithm, a module defining ``KNOBS`` (the
 algorithm touches only its module(s) and one line here. Importing this
 package (and the built-in plan modules) imports no TensorFlow.
 
+Every algorithm also has a typed constructor (:mod:`.api`): ``DPSGD``,
+``NonPrivate``, ``EANA``, ``LazyDP``, ``DPFEST``, ``AdaFEST``,
+``AdaFESTPlus``, taking the knobs as keyword arguments and returning what
+``build`` returns for the same settings.
+
 Example::
 
     p = plan(PrivacyConfig(algorithm="lazydp", noise_multiplier=1.0))
     p.requires().default_negatives     # "sampled"
     mech = build(PrivacyConfig(algorithm="dpsgd"))   # a tf.Module
+    mech = LazyDP(noise_multiplier=1.0, l2_norm_clip=1.0)   # = build(PrivacyConfig(algorithm="lazydp"))
 """
 
 from __future__ import annotations
@@ -80,13 +86,18 @@ def build(config: PrivacyConfig, seed: Optional[int] = None):
     return plan(config).make_rule(seed)
 
 
+#: Lazy exports: name -> submodule. The typed constructors (:mod:`.api`) build through :func:`build`.
+_LAZY = {"Mechanism": "base", "NoisedGradients": "base", **{name: "api" for name in (
+    "DPSGD", "NonPrivate", "EANA", "LazyDP", "DPFEST", "AdaFEST", "AdaFESTPlus")}}
+
+
 def __getattr__(name: str):
-    """Lazy exports of the TF classes, so that importing the registry imports no TensorFlow."""
-    lazy = {"Mechanism": "base", "NoisedGradients": "base", "DPSGD": "dpsgd", "NonPrivate": "nonprivate"}
-    if name not in lazy:
+    """Lazy exports of the TF classes and the typed constructors, so that importing the registry imports no
+    TensorFlow (``from tfdp_sparse.mechanisms import LazyDP`` loads :mod:`.api` only)."""
+    if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{lazy[name]}"), name)
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
 
 
 __all__ = ["Plan", "Requirements", "TableInfo", "plan", "build", "knobs", "available", "ALGORITHMS", "NONPRIVATE",
-           "DENSE_REFERENCE", "DEFAULT", "Mechanism", "NoisedGradients", "DPSGD", "NonPrivate"]
+           "DENSE_REFERENCE", "DEFAULT", *_LAZY]

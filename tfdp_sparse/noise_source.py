@@ -45,6 +45,11 @@ def _entropy_int(num_bytes: int) -> int:
     return int.from_bytes(os.urandom(num_bytes), "little")
 
 
+def _fresh_philox_state() -> np.ndarray:
+    """A Philox state ``[counter_lo, counter_hi, key]`` (int64 bit patterns) of 192 bits from ``os.urandom``."""
+    return np.array([_entropy_int(8), _entropy_int(8), _entropy_int(8)], dtype=np.uint64).view(np.int64)
+
+
 @dataclasses.dataclass(frozen=True)
 class NoiseSource:
     """Where a run's privacy-relevant randomness comes from.
@@ -99,12 +104,24 @@ class NoiseSource:
 
         philox = tf.random.Algorithm.PHILOX
         if self.is_secure:
-            key = _entropy_int(8)
-            counter = [_entropy_int(8), _entropy_int(8)]
-            # Philox state is [counter_lo, counter_hi, key] as int64 bit patterns.
-            state = np.array(counter + [key], dtype=np.uint64).view(np.int64)
-            return tf.random.Generator.from_state(state, philox)
+            return tf.random.Generator.from_state(_fresh_philox_state(), philox)
         return tf.random.Generator.from_seed(self.noise_seed * 1_000_003 + int(stream), philox)
+
+    def refresh(self, generator: "tf.random.Generator") -> None:
+        """After a checkpoint restore: a secure ``generator`` gets a fresh key and counter; a reproducible one is kept.
+
+        A restored secure state is the state of a checkpoint, shared by every
+        copy of it: two runs resumed from one checkpoint would add the same
+        noise, and the difference of their models would be a noise-free
+        difference of clipped gradients. Reproducible runs keep the restored
+        state, so their resumes stay exact (and they are labelled not private).
+
+        Example::
+
+            NoiseSource.secure().refresh(mechanism.rng)   # new OS-entropy state in place
+        """
+        if self.is_secure:
+            generator.reset(_fresh_philox_state())
 
     def numpy_generator(self, *stream: int) -> np.random.Generator:
         """A new ``np.random.Generator`` (PCG64).

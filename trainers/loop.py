@@ -86,7 +86,7 @@ from trainers.lib.privacy import (
     step_event_of,
     with_default_delta,
 )
-from trainers.lib.result import TrainResult, finish
+from trainers.lib.result import TrainResult, finish, mark_void
 
 __all__ = [
     "BatchSampler", "LoopConfig", "PerformanceFlags", "PreTrainingRelease", "TrainResult", "accounting_delta", "calibrate",
@@ -164,6 +164,7 @@ def train_privately(
         ledger = checkpoint.restore(saved)
     else:
         ledger = open_ledger(mechanism, pre_training, sensitivity_caveat, selection_counts)
+    mark_void(ledger, noise, resolved.privacy)  # before the first checkpoint: the marks outlive this run
     start = ledger.steps
     planned, stop_reason = plan_steps(ledger, event, loop, resolved)
 

@@ -30,7 +30,9 @@ from tfdp_sparse.accounting.validation import (
     _validate_accountant, _validate_int, validate_delta)
 
 _LEDGER_FORMAT = "tfdp_sparse.PrivacyLedger"
-_LEDGER_VERSION = 1
+#: Version 2 adds ``void_reasons``; version 1 ledgers (none) still load.
+_LEDGER_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 class PrivacyNotAvailable(RuntimeError):
@@ -87,6 +89,7 @@ class PrivacyLedger:
         # Each entry: [event, count, reason or None].
         self._entries: list[list[Any]] = []
         self._steps = 0
+        self._void: list[str] = []
         self._cache: dict[tuple[float, str], float] = {}
 
     # -- recording ----------------------------------------------------------
@@ -115,6 +118,32 @@ class PrivacyLedger:
         self._record(dp_accounting.NonPrivateDpEvent(), max(num_steps, 1),
                      reason)
         self._steps += num_steps
+
+    def record_void(self, reason: str) -> None:
+        """Marks the run's guarantee void for a reason outside its events; the mark is kept for good.
+
+        For what breaks the guarantee without changing the mechanism's
+        events: reproducible noise (every draw is a public function of the
+        seed, so all later noise is public too, even after a resume without
+        the seed), fixed-size shuffled batches. ε stays computable (the
+        guarantee the events would give with secret randomness), but the run
+        is not private: :attr:`void_reasons` lists why, and it survives
+        :meth:`to_json` / :meth:`from_json` and so every resume.
+
+        >>> ledger = PrivacyLedger()
+        >>> ledger.record_void("reproducible noise (noise_seed=0)")
+        >>> PrivacyLedger.from_json(ledger.to_json()).void_reasons
+        ('reproducible noise (noise_seed=0)',)
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"reason={reason!r} is invalid: give a non-empty explanation of why the run is void")
+        if reason not in self._void:
+            self._void.append(reason)
+
+    @property
+    def void_reasons(self) -> tuple[str, ...]:
+        """Reasons given to :meth:`record_void`, oldest first (empty for a run that never used one)."""
+        return tuple(self._void)
 
     def _record(self, event: dp_accounting.DpEvent, count: int,
                 reason: Optional[str]) -> None:
@@ -197,6 +226,7 @@ class PrivacyLedger:
         other = PrivacyLedger()
         other._entries = [list(e) for e in self._entries]
         other._steps = self._steps
+        other._void = list(self._void)
         return other
 
     # -- persistence --------------------------------------------------------
@@ -213,6 +243,7 @@ class PrivacyLedger:
         return json.dumps({"format": _LEDGER_FORMAT,
                            "version": _LEDGER_VERSION,
                            "steps": self._steps,
+                           "void_reasons": list(self._void),
                            "entries": entries}, sort_keys=True)
 
     @classmethod
@@ -226,12 +257,16 @@ class PrivacyLedger:
             raise ValueError(
                 f"not a serialised PrivacyLedger (expected format "
                 f"{_LEDGER_FORMAT!r})")
-        if data.get("version") != _LEDGER_VERSION:
+        if data.get("version") not in _READABLE_VERSIONS:
             raise ValueError(
                 f"PrivacyLedger version {data.get('version')!r} is not "
-                f"supported (expected {_LEDGER_VERSION})")
+                f"supported (this reader knows {_READABLE_VERSIONS})")
         ledger = cls()
         ledger._steps = _validate_int("steps", data.get("steps"), 0)
+        void = data.get("void_reasons", [])
+        if not isinstance(void, list) or not all(isinstance(r, str) and r.strip() for r in void):
+            raise ValueError(f"void_reasons={void!r} must be a list of non-empty strings")
+        ledger._void = list(void)
         for item in data.get("entries", []):
             event = event_from_dict(item.get("event"))
             count = _validate_int("count", item.get("count"), 1)
@@ -244,4 +279,5 @@ class PrivacyLedger:
     def __repr__(self) -> str:
         return (f"PrivacyLedger(steps={self._steps}, "
                 f"entries={self.entries!r}, "
-                f"not_private_reasons={self.not_private_reasons!r})")
+                f"not_private_reasons={self.not_private_reasons!r}, "
+                f"void_reasons={self.void_reasons!r})")

@@ -290,6 +290,20 @@ class Mechanism(tf.Module, abc.ABC):
         del table, parts
         return []
 
+    def generators(self) -> list:
+        """Every ``tf.random.Generator`` this rule draws privacy-relevant randomness from."""
+        return [self.rng]
+
+    def refresh_noise(self) -> None:
+        """Call after restoring a checkpoint: fresh OS-entropy state for every generator (secure noise).
+
+        Reproducible noise keeps the restored state (exact resumes). Per-row
+        state that must survive a resume (LazyDP's history, a selection) is
+        untouched. See :meth:`NoiseSource.refresh`.
+        """
+        for generator in self.generators():
+            self._noise_source.refresh(generator)
+
     def gaussian_noise(self, shape, stddev: float) -> tf.Tensor:
         """Draws ``N(0, stddev^2)`` from this mechanism's generator."""
         return self.rng.normal(shape, stddev=stddev, dtype=tf.float32)

@@ -126,6 +126,10 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
         self._flushed_at: list[tf.Variable] = []
         self._tables = _Tables()
 
+    def generators(self) -> list:
+        """The mechanism's generator and the catch-up generator on each server holding a shard."""
+        return [self.rng] + list(self._server_generators)
+
     noise_multiplier = property(lambda self: self.plan.noise_multiplier, doc="sigma.")
     aggregate = property(lambda self: self.plan.aggregate, doc="One draw for all skipped steps of a row.")
     dense_fallback = property(lambda self: self.plan.dense_fallback, doc="Dense noise for plain Keras tables.")

@@ -1,7 +1,10 @@
 """Checkpoints of a private run: what they hold, how a run resumes, how they are written.
 
 A checkpoint holds the model, both optimizers' state, the mechanism (its
-noise generator, i.e. the key to every past draw: checkpoints are secret),
+noise generator, i.e. the key to every past draw: checkpoints are secret;
+with secure noise a restore reseeds every generator from OS entropy, so two
+resumes of one checkpoint never share noise, while reproducible runs keep
+the restored state and resume exactly),
 the privacy ledger and the run's privacy settings. A resumed run must repeat
 those settings (σ is free when it was calibrated, and is then taken from the
 checkpoint), so one ledger never mixes two guarantees. Pending lazy noise is
@@ -119,6 +122,8 @@ class RunCheckpoint:
         status = self._checkpoint.restore(saved.path)
         status.assert_existing_objects_matched()
         status.expect_partial()  # slots of a run that stops at once are never built: no warning for them
+        # Secure noise: fresh generator state, so two resumes of one checkpoint never add the same noise.
+        self._mechanism.refresh_noise()
         log.info("resumed from %s at step %d", saved.path, saved.ledger.steps)
         return saved.ledger
 

@@ -46,6 +46,24 @@ class TrainResult:
     sampling_probability: float = 0.0
 
 
+#: Why fixed-size shuffled batches void the guarantee (a mark in the ledger, like reproducible noise).
+SHUFFLE_REASON = "fixed-size shuffled batches: epsilon assumes Poisson sampling"
+
+
+def mark_void(ledger: accounting.PrivacyLedger, noise: NoiseSource, privacy: PrivacyConfig) -> None:
+    """Marks ``ledger`` for each reason this run's randomness or sampling voids the guarantee.
+
+    The marks are kept by the ledger for good (checkpoints, resumes): a run
+    that once used reproducible noise stays not private after a resume
+    without the seed, since its restored state is a public function of it.
+
+    Example: ``NoiseSource(3)`` marks ``"reproducible noise (noise_seed=3): ..."``.
+    """
+    for reason in (noise.not_private_reason, SHUFFLE_REASON if privacy.sampling == "shuffle" else None):
+        if reason:
+            ledger.record_void(reason)
+
+
 def finish(ledger: accounting.PrivacyLedger, stats, resolved, optimizer: DPOptimizer, loop, start: int,
            stop_reason: str, noise: NoiseSource, pre_training: tuple) -> TrainResult:
     """The :class:`TrainResult` of a run whose steps are done (ε from the ledger, or why there is none)."""
@@ -55,10 +73,8 @@ def finish(ledger: accounting.PrivacyLedger, stats, resolved, optimizer: DPOptim
         note = "; ".join(ledger.not_private_reasons)
     else:
         epsilon = ledger.epsilon(resolved.delta, privacy.accountant)
-    reasons = tuple(r for r in (
-        noise.not_private_reason, note,
-        "fixed-size shuffled batches: epsilon assumes Poisson sampling" if privacy.sampling == "shuffle" else None,
-    ) if r)
+    mark_void(ledger, noise, privacy)
+    reasons = tuple(dict.fromkeys(ledger.void_reasons + ((note,) if note else ())))
     log.info("private=%s%s", not reasons, "" if not reasons else " (" + "; ".join(reasons) + ")")
     return TrainResult(
         steps=ledger.steps,

@@ -196,3 +196,57 @@ def test_run_time_row_count_check_passes_for_lookups_only():
         loss = tf.reduce_sum(model(_ids(), training=True), axis=-1)
     eager = clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 1e6).norms
     np.testing.assert_allclose(_clip_in_function(model, 1e6)(_ids()).numpy(), eager.numpy(), rtol=1e-6)
+
+
+class _Autoencoder(tf.keras.Model):
+    """``x -> enc -> decoder``; tied: the decoder is ``h @ enc.kernel^T`` (the encoder's kernel, transposed)."""
+
+    def __init__(self, tied, through_lambda=False):
+        super().__init__()
+        self.enc = tf.keras.layers.Dense(3, activation="tanh", name="enc")
+        self.tied = tied
+        self.dec = tf.keras.layers.Dense(4, name="dec")
+        self.tied_dec = tf.keras.layers.Lambda(lambda h: tf.matmul(h, self.enc.kernel, transpose_b=True), name="tied")
+        self.through_lambda = through_lambda
+
+    def call(self, x, training=None):
+        h = self.enc(x)
+        if not self.tied:
+            return self.dec(h)
+        if self.through_lambda:
+            return self.tied_dec(h)
+        return tf.matmul(h, self.enc.kernel, transpose_b=True)
+
+
+def _mse(y, p):
+    return tf.reduce_sum(tf.square(p - y), axis=-1)
+
+
+def _autoencoder_step(model, clip_norm=1.0):
+    x = tf.constant(np.random.default_rng(0).normal(size=(BATCH, 4)).astype(np.float32))
+    model(x)
+    recorder = attach_taps(model)
+    with tf.GradientTape() as tape:
+        loss = _mse(x, model(x, training=True))
+    return clip_gradients(loss, tape, model.trainable_variables, recorder.take(), clip_norm), x
+
+
+@pytest.mark.parametrize("through_lambda", [False, True], ids=["matmul", "lambda"])
+@pytest.mark.parametrize("clip_norm", [1.0, None], ids=["private", "sgd"])
+def test_tied_dense_kernel_is_refused_naming_the_layer(through_lambda, clip_norm):
+    """Before: the transposed use's gradient was silently dropped (norm error 3.7). Now refused by name."""
+    tf.keras.utils.set_random_seed(0)
+    with pytest.raises(UnsupportedLayerError, match=r"variable '.*enc/kernel.*' of layer 'enc' is read outside"):
+        _autoencoder_step(_Autoencoder(tied=True, through_lambda=through_lambda), clip_norm)
+
+
+def test_untied_dense_passes_and_matches_brute_force():
+    tf.keras.utils.set_random_seed(0)
+    model = _Autoencoder(tied=False)
+    result, x = _autoencoder_step(model, clip_norm=1e6)
+    for i in range(BATCH):
+        with tf.GradientTape() as tape:
+            loss = _mse(x[i : i + 1], model(x[i : i + 1]))
+        plain = tape.gradient(loss, model.trainable_variables)  # an ordinary tape on the attached model
+        norm = np.sqrt(sum(np.sum(np.square(g.numpy().astype(np.float64))) for g in plain))
+        np.testing.assert_allclose(result.norms.numpy()[i], norm, rtol=1e-5)

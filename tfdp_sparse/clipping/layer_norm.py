@@ -52,10 +52,11 @@ def layer_norm_rule(layer: tf.keras.layers.LayerNormalization, recorder: taps.Ta
 
     Declines (the layer's own call, later refused if it has weights) for
     sparse/ragged inputs and for a normalisation over the batch axis, which
-    is not per example.
+    is not per example; without gamma and beta there is nothing to record.
     """
     covered = recorder.is_active() and isinstance(inputs, tf.Tensor) and inputs.shape.rank is not None
-    if args or kwargs or not covered or 0 in _normalised_axes(layer, inputs.shape.rank):
+    no_weights = layer.gamma is None and layer.beta is None  # nothing to clip: the layer's own call
+    if args or kwargs or not covered or no_weights or 0 in _normalised_axes(layer, inputs.shape.rank):
         return call(inputs, *args, **kwargs)
     rank = inputs.shape.rank
     axes = _normalised_axes(layer, rank)

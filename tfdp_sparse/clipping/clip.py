@@ -165,32 +165,52 @@ def clip_gradients(
         check_layers_covered(recorded)
     keys = [variable_key(v) for v in variables]
     plan = _plan(recorded, variables, keys, clipping=clip_norm is not None)
-    tables = [group[0].table for group in plan.table_taps.values()]
-    parts_per_table = [table_parts(t) for t in tables]
-    tapped = _tapped_weights(plan.weight_taps)
+    grads = _backward(per_example_loss, tape, plan)
+    groups = _live_groups(plan, grads)
+    live_tables = {g.key: g.taps for g in groups if isinstance(g, _TableGroup)}
+    checks = [
+        check_table_reads(group[0].table, live_tables.get(key, []), [t.owner for t in group], table_direct)
+        for (key, group), table_direct in zip(plan.table_taps.items(), grads.tables)
+    ]
+    with tf.control_dependencies([c for c in checks if c is not None]):
+        return _clip_groups(per_example_loss, groups, keys, plan.table_taps, grads.direct, clip_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Backward:
+    """The results of the one backward pass.
+
+    Attributes:
+      taps: ``{id(tap): gradient of its source}`` for table and weight taps.
+      generic: ``{id(GenericTap): [gradient of each source]}``, ``None`` if none reached it.
+      direct: ``{variable ref: plain gradient}`` of :attr:`_Plan.direct`.
+      tables: per table of the plan, the tape's gradient to the table itself.
+    """
+
+    taps: dict
+    generic: dict
+    direct: dict
+    tables: list
+
+
+def _backward(per_example_loss: tf.Tensor, tape: tf.GradientTape, plan: _Plan) -> _Backward:
+    """One backward pass of ``sum_i loss_i`` to every tap's source; refuses uncovered and tied variables."""
     flat_taps = [t for group in list(plan.table_taps.values()) + list(plan.weight_taps.values()) for t in group]
     generic_flat = [t for _, group, _ in plan.generic_taps for t in group]
     sources = [t.rows if isinstance(t, EmbeddingTap) else t.source for t in flat_taps]
     generic_sources = [s for t in generic_flat for s in t.sources]
+    tapped = _tapped_weights(plan.weight_taps)
+    parts_per_table = [table_parts(group[0].table) for group in plan.table_taps.values()]
     requested = (sources + generic_sources + plan.uncovered + plan.direct + [w for w, _ in tapped]
                  + [p for parts in parts_per_table for p in parts])
     with ghost_backward():
-        all_grads = list(tape.gradient(per_example_loss, requested, unconnected_gradients=tf.UnconnectedGradients.NONE))
-    tap_grads = dict(zip([id(t) for t in flat_taps], _take(all_grads, len(sources))))
-    generic_grads = _split_per_tap(generic_flat, _take(all_grads, len(generic_sources)))
-    _refuse_uncovered(plan.uncovered, _take(all_grads, len(plan.uncovered)))
-    direct = dict(zip([v.ref() for v in plan.direct], _take(all_grads, len(plan.direct))))
-    check_weight_reads([w for w, _ in tapped], [owner for _, owner in tapped], _take(all_grads, len(tapped)))
-
-    groups = _live_groups(plan, tap_grads, generic_grads)
-    live_tables = {g.key: g.taps for g in groups if isinstance(g, _TableGroup)}
-    table_grads = _join_parts(all_grads, parts_per_table)
-    checks = [
-        check_table_reads(group[0].table, live_tables.get(key, []), [t.owner for t in group], table_direct)
-        for (key, group), table_direct in zip(plan.table_taps.items(), table_grads)
-    ]
-    with tf.control_dependencies([c for c in checks if c is not None]):
-        return _clip_groups(per_example_loss, groups, keys, plan.table_taps, direct, clip_norm)
+        grads = list(tape.gradient(per_example_loss, requested, unconnected_gradients=tf.UnconnectedGradients.NONE))
+    tap_grads = dict(zip([id(t) for t in flat_taps], _take(grads, len(sources))))
+    generic_grads = _split_per_tap(generic_flat, _take(grads, len(generic_sources)))
+    _refuse_uncovered(plan.uncovered, _take(grads, len(plan.uncovered)))
+    direct = dict(zip([v.ref() for v in plan.direct], _take(grads, len(plan.direct))))
+    check_weight_reads([w for w, _ in tapped], [owner for _, owner in tapped], _take(grads, len(tapped)))
+    return _Backward(tap_grads, generic_grads, direct, _join_parts(grads, parts_per_table))
 
 
 def _take(items: list, count: int) -> list:
@@ -201,11 +221,12 @@ def _take(items: list, count: int) -> list:
 
 
 def _split_per_tap(generic_flat: Sequence[GenericTap], grads: Sequence) -> dict:
-    """``{id(tap): [gradient of each of its sources]}``."""
+    """``{id(tap): [gradient of each of its sources]}``, ``None`` for a call the loss does not depend on."""
     out, start = {}, 0
     for tap in generic_flat:
         count = len(tap.sources)
-        out[id(tap)] = list(grads[start : start + count])
+        own = list(grads[start : start + count])
+        out[id(tap)] = own if any(g is not None for g in own) else None
         start += count
     return out
 
@@ -347,29 +368,28 @@ class _GenericGroup:
         return {v.ref(): g for v, g in zip(self.variables, grads)}
 
 
-def _live(group: Sequence, grads_of) -> tuple[list, list]:
-    pairs = [(t, grads_of(t)) for t in group]
-    pairs = [(t, g) for t, g in pairs if g is not None]
-    return [t for t, _ in pairs], [g for _, g in pairs]
+def _live(group: Sequence, grads: dict) -> tuple[list, list]:
+    """The taps of ``group`` whose gradient (``grads[id(tap)]``) is not ``None``, and those gradients."""
+    live = [t for t in group if grads[id(t)] is not None]
+    return live, [grads[id(t)] for t in live]
 
 
-def _live_groups(plan: _Plan, tap_grads: dict, generic_grads: dict) -> list:
+def _live_groups(plan: _Plan, grads: _Backward) -> list:
     """The groups whose taps the loss depends on (a call without gradient is dropped)."""
     groups: list = []
     for key, group in plan.table_taps.items():
-        live, grads = _live(group, lambda t: tap_grads[id(t)])
+        live, live_grads = _live(group, grads.taps)
         if live:
-            groups.append(_TableGroup(key, live, grads))
+            groups.append(_TableGroup(key, live, live_grads))
     for group in plan.weight_taps.values():
-        live, grads = _live(group, lambda t: tap_grads[id(t)])
+        live, live_grads = _live(group, grads.taps)
         if live:
-            groups.append(_WeightGroup(_WEIGHT_MODULES[type(group[0])], live, grads))
+            groups.append(_WeightGroup(_WEIGHT_MODULES[type(group[0])], live, live_grads))
     for layer, group, claimed in plan.generic_taps:
-        live, grads = _live(group, lambda t: generic_grads[id(t)] if any(
-            g is not None for g in generic_grads[id(t)]) else None)
+        live, live_grads = _live(group, grads.generic)
         if live:
             generic.announce(layer, claimed)
-            groups.append(_GenericGroup(live, grads, claimed))
+            groups.append(_GenericGroup(live, live_grads, claimed))
     return groups
 
 
@@ -382,13 +402,14 @@ def _group_taps(recorded: Sequence[Tap], wanted: set) -> tuple[dict, dict]:
             table_taps.setdefault(variable_key(tap.table), []).append(tap)
         elif type(tap) in _WEIGHT_MODULES:
             key = _weight_key(tap)
-            if key in wanted:
+            if key is not None and key in wanted:
                 weight_taps.setdefault(key, []).append(tap)
     return table_taps, weight_taps
 
 
 def _weight_key(tap: WeightTap):
-    return next(w for w in tap.weights if w is not None).ref()
+    """The ref of the tap's first weight (``None`` for a tap without weights)."""
+    return next((w.ref() for w in tap.weights if w is not None), None)
 
 
 def _clip_groups(per_example_loss, groups, keys, table_taps, direct, clip_norm) -> ClippedGradients:

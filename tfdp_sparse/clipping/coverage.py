@@ -127,6 +127,8 @@ def check_layers_covered(recorded: Sequence[Tap]) -> None:
     -> Dense`` records ``LayerTap`` for the three layers; the first and last
     own only tapped kernels/biases, the batch norm owns ``moving_mean`` and
     ``moving_variance``, which no tap covers, so this raises naming it.
+    Adapted preprocessing layers (:data:`PREPROCESSING_LAYERS`) are accepted:
+    their state is fixed before training (see :func:`data_dependent_state`).
     """
     covered = covered_variables(recorded)
     seen = set()

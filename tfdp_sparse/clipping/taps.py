@@ -185,7 +185,8 @@ class LayerTap:
 
     Attributes:
       layer: the called layer; the private step checks that each of its own
-        variables is covered by an :class:`EmbeddingTap` or :class:`DenseTap`
+        variables is covered by some other tap (:class:`EmbeddingTap`, a
+        weight tap or a :class:`GenericTap`)
         (see :mod:`tfdp_sparse.clipping.coverage`).
     """
 

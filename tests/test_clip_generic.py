@@ -204,3 +204,21 @@ def test_model_with_its_own_weight_matches_brute_force():
     x, y = _data((4,))
     model(x)
     check(model, x, y, clip_norm=0.05)
+
+
+def test_fit_trains_a_gru_through_the_fallback():
+    from tfdp_sparse.keras import DPOptimizer
+    from tfdp_sparse.mechanisms import DPSGD
+
+    tf.keras.backend.set_floatx("float32")  # the mechanisms' noise is float32 (the fixture restores floatx)
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input(shape=(4, 3))
+    model = tf.keras.Model(inputs, _head(tf.keras.layers.GRU(5, name="gru")(inputs)))
+    x, y = (tf.cast(t, tf.float32) for t in _data((4, 3), n=8))
+    optimizer = DPOptimizer(DPSGD(1.0, 0.5, seed=0), 0.1, expected_batch_size=8)
+    optimizer.attach(model)
+    model.compile(optimizer=optimizer, loss=tf.keras.losses.MeanSquaredError(reduction="none"))
+    kernel = model.get_layer("gru").cell.kernel.numpy()
+    history = model.fit(x.numpy(), y.numpy(), batch_size=8, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    assert np.any(model.get_layer("gru").cell.kernel.numpy() != kernel)

@@ -222,3 +222,15 @@ def test_fit_trains_a_gru_through_the_fallback():
     history = model.fit(x.numpy(), y.numpy(), batch_size=8, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     assert np.any(model.get_layer("gru").cell.kernel.numpy() != kernel)
+
+
+def test_nested_outputs_and_a_cell_called_per_step_match_brute_force():
+    """GRU(return_state=True) returns [outputs, state]; RNN(GRUCell) calls its cell once per time step."""
+    tf.keras.utils.set_random_seed(0)
+    inputs = tf.keras.Input(shape=(4, 3))
+    sequence, state = tf.keras.layers.GRU(5, return_sequences=True, return_state=True, name="gru")(inputs)
+    h = tf.keras.layers.RNN(tf.keras.layers.GRUCell(4, name="cell"), name="rnn")(sequence)
+    h = tf.keras.layers.Concatenate()([h, state])
+    model = tf.keras.Model(inputs, _head(h))
+    x, y = _data((4, 3))
+    check(model, x, y, clip_norm=0.05)

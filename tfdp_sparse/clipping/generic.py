@@ -78,12 +78,32 @@ def _recompute(recorder: taps.TapRecorder, call: Callable, *args, **kwargs):
         return call(*args, **kwargs)
 
 
+def _separate(outputs):
+    """Each float output tensor through its own ``tf.identity``.
+
+    A layer's outputs may depend on each other (a GRU's final state is the
+    last element of its sequence output; a cell returns ``(h, [h])``). The
+    gradient of the loss to such an output would then include the paths
+    through the others, counted again by the recomputation's VJP; the gradient
+    to a copy only used downstream is exactly that output's own share.
+    """
+    return tf.nest.map_structure(
+        lambda t: tf.identity(t) if isinstance(t, tf.Tensor) and t.dtype.is_floating else t, outputs)
+
+
+def _record(layer: tf.keras.layers.Layer, recorder: taps.TapRecorder, call: Callable, outputs, args: tuple,
+            kwargs: dict):
+    """Records the call (if batch-major) and returns the outputs the rest of the model must use."""
+    if not (recorder.is_active() and _batch_major(args, kwargs)):
+        return outputs
+    outputs = _separate(outputs)
+    recorder.record(GenericTap(layer, args, kwargs, outputs, functools.partial(_recompute, recorder, call)))
+    return outputs
+
+
 def generic_rule(layer: tf.keras.layers.Layer, recorder: taps.TapRecorder, call: Callable, *args, **kwargs):
     """The fallback rule: runs the layer's own call and records a :class:`~tfdp_sparse.clipping.taps.GenericTap`."""
-    outputs = call(*args, **kwargs)
-    if recorder.is_active() and _batch_major(args, kwargs):
-        recorder.record(GenericTap(layer, args, kwargs, outputs, functools.partial(_recompute, recorder, call)))
-    return outputs
+    return _record(layer, recorder, call, call(*args, **kwargs), args, kwargs)
 
 
 def opaque_rule(layer: tf.keras.layers.Layer, recorder: taps.TapRecorder, call: Callable, *args, **kwargs):
@@ -94,9 +114,7 @@ def opaque_rule(layer: tf.keras.layers.Layer, recorder: taps.TapRecorder, call: 
     """
     with recorder.paused():
         outputs = call(*args, **kwargs)
-    if recorder.is_active() and _batch_major(args, kwargs):
-        recorder.record(GenericTap(layer, args, kwargs, outputs, functools.partial(_recompute, recorder, call)))
-    return outputs
+    return _record(layer, recorder, call, outputs, args, kwargs)
 
 
 def announce(layer: tf.keras.layers.Layer, variables: Sequence[tf.Variable]) -> None:

@@ -234,3 +234,30 @@ def test_nested_outputs_and_a_cell_called_per_step_match_brute_force():
     model = tf.keras.Model(inputs, _head(h))
     x, y = _data((4, 3))
     check(model, x, y, clip_norm=0.05)
+
+
+def test_layers_holding_tables_are_not_recomputed_per_example():
+    """A layer with its own weight around a DPEmbedding: refused (recomputing would re-run read hooks)."""
+    from tfdp_sparse.layers import DPEmbedding
+
+    class Pooled(tf.keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.emb = DPEmbedding(10, 3, combiner="sum", name="emb")
+
+        def build(self, input_shape):
+            self.scale = self.add_weight(name="scale", shape=(), initializer="ones")
+
+        def call(self, ids):
+            return self.emb(ids) * self.scale
+
+    layer = Pooled(name="pooled")
+    model = tf.keras.Sequential([layer, tf.keras.layers.Dense(2, name="head")])
+    ids = tf.constant([[1, 2], [3, 3]], tf.int64)
+    model(ids)
+    assert not generic.needs_fallback(layer, lambda sub: False)
+    recorder = attach_taps(model)
+    with pytest.raises(UnsupportedLayerError, match=r"'pooled'.*pooled/scale"):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(ids, training=True), axis=1)
+        clip_gradients(loss, tape, model.trainable_variables, recorder.take(), 1.0)

@@ -50,13 +50,27 @@ def _variables(weights) -> list[tf.Variable]:
     return [w for w in weights if isinstance(w, tf.Variable)]
 
 
+def _has_tables(layer: tf.keras.layers.Layer) -> bool:
+    """Whether ``layer`` is or holds an embedding table layer.
+
+    Recomputing such a layer per example would read its tables again
+    (``DPEmbedding`` read hooks, e.g. LazyDP's catch-up noise, would run
+    once per example) and materialise dense ``[V, d]`` per-example table
+    gradients, so it is never put on the fallback.
+    """
+    from tfdp_sparse.layers.embedding import DPEmbedding  # lazy: the layers package imports clipping.taps
+
+    return any(isinstance(sub, (tf.keras.layers.Embedding, DPEmbedding)) for sub in [layer, *layer.submodules])
+
+
 def needs_fallback(layer: tf.keras.layers.Layer, has_rule: Callable[[tf.keras.layers.Layer], bool]) -> bool:
     """True for a layer with trainable variables outside ruled sub-layers and no non-trainable ones.
 
     Non-trainable variables are state (moving statistics, counters) the
-    fallback cannot account for: such a layer keeps no rule and is refused.
+    fallback cannot account for, and tables must keep their lookups' rules
+    (:func:`_has_tables`): such a layer keeps no rule and is refused.
     """
-    if not layer.built or _variables(layer.non_trainable_weights):
+    if not layer.built or _variables(layer.non_trainable_weights) or _has_tables(layer):
         return False  # unbuilt: no variables yet (layers built after attach_taps are refused)
     ruled = {w.ref() for sub in layer.submodules if isinstance(sub, tf.keras.layers.Layer) and has_rule(sub)
              for w in _variables(sub.weights)}

@@ -54,9 +54,9 @@ SUPPORTED_LAYERS = (
     "tf.keras.layers.Dense (dense inputs), tf.keras.layers.Embedding, tfdp_sparse.layers.DPEmbedding, "
     "tf.keras.layers.LayerNormalization (per example), tf.keras.layers.EinsumDense (and so "
     "MultiHeadAttention), tf.keras.layers.Conv1D, tf.keras.layers.TimeDistributed(Dense), and any other "
-    "layer whose only variables are trainable and whose tensor arguments are dense and batch-major "
-    "(exact generic fallback: per-example recomputation); adapted Normalization/StringLookup/"
-    "IntegerLookup/Discretization/TextVectorization hold fixed, data-dependent state"
+    "layer whose only variables are trainable, that holds no embedding table and whose tensor arguments "
+    "are dense and batch-major (exact generic fallback: per-example recomputation); adapted "
+    "Normalization/StringLookup/IntegerLookup/Discretization/TextVectorization hold fixed, data-dependent state"
 )
 
 _WHY = (

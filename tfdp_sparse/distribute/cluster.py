@@ -18,7 +18,9 @@ Two ways to get a cluster (``--cluster`` of the trainers):
 
 Every process :class:`LocalCluster` starts is kept by PID and ended by that
 PID in :meth:`LocalCluster.close` (also on error: use it as a context
-manager).
+manager), after :func:`release_cluster` has detached this process from the
+tasks, so the chief goes on (evaluation, export, exit) without gRPC
+"Failed to connect" errors for the tasks that ended.
 
 Example::
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import gc
 import json
 import os
 import signal
@@ -236,11 +239,21 @@ class LocalCluster:
         )
 
     def close(self) -> None:
-        """Ends every started process by its PID and reaps it."""
-        for proc in self.processes.values():
+        """Ends every started process by its PID and reaps it, after :func:`release_cluster` (no gRPC noise).
+
+        Workers end before parameter servers (they talk to the servers).
+        """
+        try:
+            release_cluster(self.spec)
+        finally:  # the processes end whatever happens
+            self._end_processes()
+
+    def _end_processes(self) -> None:
+        ordered = sorted(self.processes.items(), key=lambda item: item[0][0] != "worker")
+        for _, proc in ordered:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGKILL)
-        for proc in self.processes.values():
+        for _, proc in ordered:
             proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
@@ -250,6 +263,51 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def release_cluster(spec: Mapping[str, list]) -> None:
+    """Lets this process (the chief) go on without the tasks of ``spec``; call it before they end.
+
+    A chief connected to a cluster registers every ``tf.function`` it traces
+    on every task and removes it from every task when the function is
+    freed. Once the tasks are gone each of those calls fails with gRPC
+    "Failed to connect ... Connection refused" error lines: hundreds at
+    interpreter exit, thousands when the chief goes on evaluating and
+    exporting after a cluster run. So, while every task still answers:
+
+    1. unreachable functions and remote handles are freed (``gc.collect()``);
+    2. the eager context is narrowed to this process's own job
+       (``update_server_def``), so later functions stay local.
+
+    Variables still held on the tasks become unusable, as they would anyway
+    once the tasks end. A no-op when this process is not connected to
+    ``spec`` (TensorFlow not imported, or another cluster).
+
+    Example::
+
+        release_cluster(cluster.spec)    # what LocalCluster.close() does before killing the tasks
+    """
+    if "tensorflow" not in sys.modules:
+        return  # nothing was ever connected
+    gc.collect()
+    from tensorflow.python.eager import context  # no public API narrows a connected cluster in place
+
+    ctx = context.context_safe()
+    server_def = None if ctx is None else ctx.get_server_def()
+    if server_def is None or not set(spec.get("ps", [])) <= _addresses(server_def):
+        return
+    local = type(server_def)()
+    local.CopyFrom(server_def)
+    own = [job for job in local.cluster.job if job.name == local.job_name]
+    del local.cluster.job[:]
+    local.cluster.job.extend(own)
+    local.ClearField("cluster_device_filters")  # fixed at connection time: TF warns on any in an update
+    ctx.update_server_def(local)
+
+
+def _addresses(server_def) -> set:
+    """Every ``host:port`` of a ``ServerDef``'s cluster."""
+    return {address for job in server_def.cluster.job for address in job.tasks.values()}
 
 
 def tf_config_resolver(environ: Mapping[str, str] = os.environ):

@@ -74,7 +74,7 @@ def threshold_for_false_positives(expected: float, num_buckets: int, sigma1: flo
       >>> threshold_for_false_positives(600, 1000, 1.0, 1.0, table="C3")  # doctest: +ELLIPSIS
       Traceback (most recent call last):
       ...
-      ValueError: false_positives=600 is at least half of table 'C3''s 1000 rows (V/2 = 500): ...
+      ValueError: false_positives=600 is at least half of the V=1000 rows of table 'C3' (V/2 = 500): ...
     """
     expected = float(expected)
     if not math.isfinite(expected) or expected <= 0:
@@ -96,11 +96,11 @@ def check_false_positives(expected: float, num_buckets: int, table: str) -> None
     >>> check_false_positives(500, 1000, "C1")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: false_positives=500 is at least half of table 'C1''s 1000 rows (V/2 = 500): ...
+    ValueError: false_positives=500 is at least half of the V=1000 rows of table 'C1' (V/2 = 500): ...
     """
     if expected >= num_buckets / 2:
         raise ValueError(
-            f"false_positives={expected:g} is at least half of table {table!r}'s {num_buckets} rows "
+            f"false_positives={expected:g} is at least half of the V={num_buckets} rows of table {table!r} "
             f"(V/2 = {num_buckets / 2:g}): the threshold sigma1 C1 Phi^-1(1 - r/V) would be <= 0, so about V/2 "
             f"rows nobody looked up would pass per step, not {expected:g}. Lower false_positives below "
             f"{num_buckets / 2:g} (well below, e.g. <= V/100 = {num_buckets / 100:g}, to keep the update sparse), "

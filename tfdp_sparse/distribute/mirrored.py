@@ -181,13 +181,14 @@ class MirroredPrivateStep:
         """Applies the (identical) noised update on this replica's copies."""
         pairs = list(zip(grads, variables))
         opt = self.optimizer
-        if opt.dense_optimizer is None:
-            opt.apply_gradients(pairs, skip_gradients_aggregation=True)
-            return
-        tables = {v.ref() for v, t in zip(self.model.trainable_variables, self._layout.is_table) if t}
-        opt.dense_optimizer.apply_gradients([(g, v) for g, v in pairs if v.ref() not in tables],
-                                            skip_gradients_aggregation=True)
-        opt.apply_gradients([(g, v) for g, v in pairs if v.ref() in tables], skip_gradients_aggregation=True)
+        with opt.privatized():  # the mechanism ran once on the global batch (_privatize)
+            if opt.dense_optimizer is None:
+                opt.apply_gradients(pairs, skip_gradients_aggregation=True)
+                return
+            tables = {v.ref() for v, t in zip(self.model.trainable_variables, self._layout.is_table) if t}
+            opt.dense_optimizer.apply_gradients([(g, v) for g, v in pairs if v.ref() not in tables],
+                                                skip_gradients_aggregation=True)
+            opt.apply_gradients([(g, v) for g, v in pairs if v.ref() in tables], skip_gradients_aggregation=True)
 
     def _privatize(self, per_replica: dict):
         """The mechanism, once, on the global batch's aggregate (cross-replica context)."""

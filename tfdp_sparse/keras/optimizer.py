@@ -35,9 +35,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
-from typing import Optional
+from typing import Iterator, Optional, Sequence
 
 import tensorflow as tf
 
@@ -49,6 +50,33 @@ from tfdp_sparse.optimizers import TableOptimizer, TableRule
 from tfdp_sparse.tables import table_refs, variable_key
 
 _REFUSED_KWARGS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
+
+
+def _add_regularization(grad, reg):
+    """``grad + reg`` (a regularized table's update becomes dense: the regularizer moves every row)."""
+    if reg is None:
+        return grad
+    reg = tf.convert_to_tensor(reg)
+    return reg if grad is None else tf.convert_to_tensor(grad) + reg
+
+
+class UnprivatizedUpdateError(RuntimeError):
+    """``DPOptimizer.apply_gradients`` was called with gradients that did not go through its private step."""
+
+    # AutoGraph (``model.fit``'s train function) re-raises an error raised while tracing as its own
+    # type only if ``__init__ is Exception.__init__``; otherwise users would see a ``StagingError``.
+    __init__ = Exception.__init__
+
+
+_BYPASS_MESSAGE = (
+    "DPOptimizer.apply_gradients was called outside the private step, with gradients that were neither "
+    "clipped per example nor noised: that update would not be private. Likely causes: a custom "
+    "train_step that calls optimizer.apply_gradients (tfrs.Model's train_step does this); a mixed_float16 "
+    "policy, under which model.compile wraps the optimizer in a LossScaleOptimizer; or a hand-written loop. "
+    "Use tfdp_sparse.keras.make_private(model, ...), which owns the train step (tfrs.Model through its "
+    "compute_loss, mixed precision included), or PrivateStep in a custom loop; a custom train_step must call "
+    "optimizer.minimize(per_example_loss, variables, tape)."
+)
 
 
 def _scale(grad, factor):
@@ -146,6 +174,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
         self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
         self._attachment: Optional[_Attachment] = None
+        self._privatized_depth = 0
 
     def attach(self, model: tf.keras.Model, registry: Optional[LayerRegistry] = None) -> TapRecorder:
         """Gives ``model``'s layers the clipping rules of ``registry`` (default: the toolkit's).
@@ -158,6 +187,10 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         self._attachment = _Attachment(recorder, weakref.ref(model))
         self.prebuild(model)
         return recorder
+
+    def recorder(self) -> TapRecorder:
+        """The recorder the attached model's layers write taps to (clear it before a forward pass)."""
+        return self._recorder()
 
     def _recorder(self) -> TapRecorder:
         attachment = self._attachment
@@ -213,8 +246,15 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             tables = {ref.key for ref in table_refs(model)}
             self.dense_optimizer.build([v for v in variables if variable_key(v) not in tables])
 
-    def private_step(self, per_example_loss: tf.Tensor, var_list, tape: tf.GradientTape) -> tf.Operation:
-        """Clip, noise and apply one step (the body of ``minimize``)."""
+    def private_step(self, per_example_loss: tf.Tensor, var_list, tape: tf.GradientTape,
+                     regularization_grads: Optional[Sequence] = None) -> tf.Operation:
+        """Clip, noise and apply one step (the body of ``minimize``).
+
+        ``regularization_grads`` (aligned with ``var_list``, ``None`` entries
+        allowed): gradients of weight regularizers, which depend on no example;
+        they are added after noise and the ``1/B`` scaling, unclipped
+        (:mod:`tfdp_sparse.keras.regularization`).
+        """
         if tape is None:
             raise ValueError("DPOptimizer needs the GradientTape that recorded the forward pass")
         var_list = list(var_list() if callable(var_list) else var_list)
@@ -227,15 +267,16 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             denominator = tf.constant(float(self.expected_batch_size))
         else:
             denominator = tf.cast(tf.maximum(clipped.batch_size, 1), tf.float32)
-        pairs = [
-            (_scale(g, 1.0 / denominator), v) for g, v in zip(noised.grads, var_list) if g is not None
-        ]
+        scaled = [_scale(g, 1.0 / denominator) for g in noised.grads]
+        if regularization_grads is not None:
+            scaled = [_add_regularization(g, r) for g, r in zip(scaled, regularization_grads)]
+        pairs = [(g, v) for g, v in zip(scaled, var_list) if g is not None]
         updates = [self.last_embedding_values.assign(noised.embedding_values)]
         if clipped.norms is not None:
             clip_norm = self.mechanism.l2_norm_clip
             fraction = tf.reduce_mean(tf.cast(clipped.norms > clip_norm, tf.float32))
             updates.append(self.last_clipped_fraction.assign(fraction))
-        with tf.control_dependencies(updates):
+        with tf.control_dependencies(updates), self.privatized():
             if self.table_optimizer is not None:
                 return self._apply_with_table_optimizer(pairs, var_list, clipped.is_table)
             if self.dense_optimizer is None:
@@ -267,6 +308,27 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             dense_op = self.dense_optimizer.apply_gradients(rest) if rest else tf.no_op()
             with tf.control_dependencies([dense_op]):
                 return self.iterations.assign_add(1)
+
+    @contextlib.contextmanager
+    def privatized(self) -> Iterator[None]:
+        """Inside it, :meth:`apply_gradients` accepts gradients: the caller has clipped and noised them.
+
+        :meth:`private_step` uses it, as do the backends that run the
+        mechanism themselves (the TPU program, mirrored replicas). Anything
+        else calling ``apply_gradients`` gets :class:`UnprivatizedUpdateError`
+        (checked while tracing, so it costs nothing per step).
+        """
+        self._privatized_depth += 1
+        try:
+            yield
+        finally:
+            self._privatized_depth -= 1
+
+    def apply_gradients(self, grads_and_vars, name: Optional[str] = None, **kwargs):
+        """Keras' update, only for gradients of the private step (see :meth:`privatized`)."""
+        if self._privatized_depth <= 0:
+            raise UnprivatizedUpdateError(_BYPASS_MESSAGE)
+        return super().apply_gradients(grads_and_vars, name=name, **kwargs)
 
     def minimize(self, loss, var_list, tape=None):
         """Keras entry point: ``loss`` must be the per-example loss vector."""

@@ -178,7 +178,7 @@ class TPUPrivateStep:
         if clipped.norms is not None:
             fraction = tf.reduce_mean(tf.cast(clipped.norms > self.mechanism.l2_norm_clip, tf.float32))
             updates.append(opt.last_clipped_fraction.assign(fraction))
-        with tf.control_dependencies(updates):
+        with tf.control_dependencies(updates), opt.privatized():
             if opt.dense_optimizer is None:
                 return opt.apply_gradients(pairs)
             dense_op = opt.dense_optimizer.apply_gradients(pairs)

@@ -1,0 +1,153 @@
+"""ε in ``fit``: a callback that keeps the ledger, logs (ε, δ) every epoch and stops at the budget.
+
+The private train step counts executed steps and examples in variables of
+the model (checkpointed with it). :class:`PrivacyCallback` turns the count
+into ledger entries (every step of a run has the same ``DpEvent``, so the
+ledger is exact from the count), writes ``epsilon`` and ``delta`` into the
+epoch logs (so they appear in ``History``, the progress bar and, through
+Keras' own ``TensorBoard`` callback, as ``epoch_epsilon`` scalars), stops
+``fit`` before the step that would exceed the target ε, saying why, and
+warns when the mean batch size is implausible for the expected ``B``.
+
+Example::
+
+    callback = PrivacyCallback(state, accounting)      # made by make_private; first in fit's callbacks
+    history = model.fit(...)
+    history.history["epsilon"]                          # one value per epoch
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Optional
+
+import dp_accounting
+import tensorflow as tf
+
+from tfdp_sparse.accounting.budget import max_steps_within_budget
+from tfdp_sparse.accounting.ledger import PrivacyLedger
+from tfdp_sparse.mechanisms.base import Mechanism
+
+log = logging.getLogger("tfdp_sparse.keras")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepAccounting:
+    """How one step is charged: its event (``None`` when the mechanism has no ε, with the reason)."""
+
+    event: Optional[dp_accounting.DpEvent]
+    not_private_reason: Optional[str]
+    delta: float
+    accountant: str
+    target_epsilon: Optional[float]
+    expected_batch_size: int
+
+
+class PrivacyState(tf.Module):
+    """The privacy state a model carries in its checkpoints: executed steps, examples, the ledger's JSON."""
+
+    def __init__(self):
+        super().__init__(name="privacy_state")
+        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="private_steps")
+        self.examples = tf.Variable(0, dtype=tf.int64, trainable=False, name="private_examples")
+        self.ledger_json = tf.Variable("", dtype=tf.string, trainable=False, name="ledger")
+
+    def count_step(self, batch_size: tf.Tensor) -> list:
+        """Ops counting one executed step of ``batch_size`` examples (run inside the train step)."""
+        return [self.steps.assign_add(1), self.examples.assign_add(tf.cast(batch_size, tf.int64))]
+
+
+def sync_ledger(state: PrivacyState, ledger: PrivacyLedger, charge: StepAccounting) -> PrivacyLedger:
+    """``ledger`` with every executed step of ``state`` recorded, and written back to ``state``.
+
+    Steps are counted in the graph as they run, so a step that ran is charged
+    and one that did not is not; the ledger catches up here.
+    """
+    executed = int(state.steps.numpy())
+    new = executed - ledger.steps
+    if new < 0:
+        raise ValueError(f"the model's step counter ({executed}) is behind its ledger ({ledger.steps} steps): the "
+                         "checkpoint and the ledger come from different runs")
+    if new:
+        if charge.event is None:
+            ledger.record_not_private(charge.not_private_reason, num_steps=new)
+        else:
+            ledger.record_step(charge.event, new)
+    state.ledger_json.assign(ledger.to_json())
+    return ledger
+
+
+def epsilon_of(ledger: PrivacyLedger, charge: StepAccounting) -> Optional[float]:
+    """ε so far, or ``None`` when the run has no guarantee (EANA, a coupled loss)."""
+    return ledger.epsilon(charge.delta, charge.accountant) if ledger.is_private else None
+
+
+class PrivacyCallback(tf.keras.callbacks.Callback):
+    """Ledger, (ε, δ) in the epoch logs, budget stop, batch-size sanity (see module doc)."""
+
+    def __init__(self, state: PrivacyState, ledger: PrivacyLedger, charge: StepAccounting, mechanism: Mechanism):
+        super().__init__()
+        self.state, self.ledger, self.charge, self.mechanism = state, ledger, charge, mechanism
+        self.allowed_steps: Optional[int] = None
+        self.stop_reason: Optional[str] = None
+        self._planned_steps: Optional[int] = None
+        self._warned = False
+
+    def plan(self, num_steps: Optional[int]) -> None:
+        """The number of steps the coming ``fit`` feeds (``None``: unknown, a user dataset)."""
+        self._planned_steps = num_steps
+
+    def on_train_begin(self, logs=None):
+        self.mechanism.refresh_noise()  # a restored or repeated fit never reuses generator state
+        self.ledger = sync_ledger(self.state, self.ledger, self.charge)
+        self.stop_reason = None
+        self.allowed_steps = self._allowed()
+        if self._planned_steps is not None and self.allowed_steps is not None:
+            if self.allowed_steps >= self.ledger.steps + self._planned_steps:
+                self.allowed_steps = None  # the whole plan fits the budget: nothing to stop
+        if self.allowed_steps is not None and self.allowed_steps <= self.ledger.steps:
+            self._stop()
+
+    def _allowed(self) -> Optional[int]:
+        if self.charge.target_epsilon is None or self.charge.event is None or not self.ledger.is_private:
+            return None
+        more = max_steps_within_budget(self.ledger, self.charge.event, self.charge.target_epsilon, self.charge.delta,
+                                       self.charge.accountant)
+        return self.ledger.steps + more
+
+    def _stop(self) -> None:
+        self.stop_reason = (
+            f"privacy budget: after {self.allowed_steps} steps one more step would exceed target_epsilon="
+            f"{self.charge.target_epsilon} at delta={self.charge.delta:.3g}; fit stopped before it")
+        log.warning("%s", self.stop_reason)
+        self.model.stop_training = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.allowed_steps is not None and int(self.state.steps.numpy()) >= self.allowed_steps:
+            self._stop()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.ledger = sync_ledger(self.state, self.ledger, self.charge)
+        if logs is not None:
+            epsilon = epsilon_of(self.ledger, self.charge)
+            logs["epsilon"] = float("nan") if epsilon is None else epsilon
+            logs["delta"] = self.charge.delta
+        self._check_batch_size()
+
+    def on_train_end(self, logs=None):
+        self.mechanism.flush()  # nothing leaves fit with pending lazy noise
+        self.ledger = sync_ledger(self.state, self.ledger, self.charge)
+
+    def _check_batch_size(self) -> None:
+        steps, examples = int(self.state.steps.numpy()), int(self.state.examples.numpy())
+        if self._warned or steps < 10:
+            return
+        mean, b = examples / steps, self.charge.expected_batch_size
+        # Poisson batches: the mean of `steps` batch sizes has std below sqrt(B / steps).
+        if abs(mean - b) > max(6.0 * math.sqrt(b / steps), 0.05 * b):
+            self._warned = True
+            log.warning("observed mean batch size %.1f over %d steps is implausible for the expected batch size B=%d "
+                        "that the update divides by and the accounting assumes: feed batches of expected size B "
+                        "(make_private's fit does)", mean, steps, b)

@@ -1,0 +1,94 @@
+"""The settings of a private ``fit``: a frozen config that validates itself.
+
+Example::
+
+    config = PrivateFitConfig(num_examples=60_000, batch_size=256, epochs=3, learning_rate=0.1)
+    config.sampling_rate, config.steps_per_epoch, config.total_steps   # 0.00427, 234, 702
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Optional
+
+from tfdp_sparse.accounting.validation import default_delta, validate_delta
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateFitConfig:
+    """What :func:`~tfdp_sparse.keras.make_private` needs besides the model and the mechanism.
+
+    Attributes:
+      num_examples: N, the size of the training set (Poisson rate ``q = B/N``).
+      batch_size: B, the *expected* batch size (each example joins a step with probability ``B/N``).
+      epochs / steps: the planned length; exactly one of them. An epoch is ``round(N/B)`` steps.
+      learning_rate: float or a Keras ``LearningRateSchedule``.
+      delta: δ; ``None`` means :func:`tfdp_sparse.accounting.default_delta` of N.
+      target_epsilon: the budget; with a ``PrivacyConfig`` σ is calibrated for the planned steps,
+        with a built mechanism ``fit`` stops before the step that would exceed it.
+      allow_coupled_loss: ``None`` (default: the coupling check refuses losses that couple
+        examples) or the reason to train anyway; the run is then labelled not private.
+      noise_seed: ``None`` (secure batches and noise) or a seed for reproducible tests (not private).
+    """
+
+    num_examples: int
+    batch_size: int
+    learning_rate: object = 0.1
+    epochs: Optional[int] = None
+    steps: Optional[int] = None
+    delta: Optional[float] = None
+    target_epsilon: Optional[float] = None
+    allow_coupled_loss: Optional[str] = None
+    noise_seed: Optional[int] = None
+
+    def __post_init__(self):
+        n = _positive_int("num_examples", self.num_examples)
+        b = _positive_int("batch_size", self.batch_size)
+        if b > n:
+            raise ValueError(f"batch_size={b} is larger than num_examples={n}: the sampling rate B/N would exceed 1")
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError(f"give exactly one of epochs and steps, got epochs={self.epochs!r}, steps={self.steps!r}")
+        _positive_int("epochs" if self.steps is None else "steps", self.epochs if self.steps is None else self.steps)
+        if self.delta is not None:
+            validate_delta(self.delta)
+            if self.delta >= 1.0 / n:
+                raise ValueError(f"delta={self.delta} must be below 1/N = {1.0 / n:.3g}: at delta = 1/N publishing "
+                                 "one random example is (0, delta)-DP")
+        if self.target_epsilon is not None and not (isinstance(self.target_epsilon, numbers.Real)
+                                                     and math.isfinite(self.target_epsilon) and self.target_epsilon > 0):
+            raise ValueError(f"target_epsilon must be a finite number > 0, got {self.target_epsilon!r}")
+        if self.allow_coupled_loss is not None and not (isinstance(self.allow_coupled_loss, str)
+                                                        and self.allow_coupled_loss.strip()):
+            raise ValueError("allow_coupled_loss must be None or a non-empty reason (it is printed as why the run "
+                             f"is not private), got {self.allow_coupled_loss!r}")
+        if isinstance(self.learning_rate, numbers.Real) and not (math.isfinite(self.learning_rate)
+                                                                 and self.learning_rate > 0):
+            raise ValueError(f"learning_rate must be a finite number > 0 or a schedule, got {self.learning_rate!r}")
+
+    @property
+    def sampling_rate(self) -> float:
+        """q = B / N."""
+        return self.batch_size / self.num_examples
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """``round(N / B)``: one expected pass over the data (at least 1)."""
+        return max(1, round(self.num_examples / self.batch_size))
+
+    @property
+    def total_steps(self) -> int:
+        """The planned steps: ``steps``, or ``epochs * steps_per_epoch``."""
+        return int(self.steps) if self.steps is not None else int(self.epochs) * self.steps_per_epoch
+
+    @property
+    def resolved_delta(self) -> float:
+        """``delta``, or the default δ of N."""
+        return float(self.delta) if self.delta is not None else default_delta(self.num_examples)

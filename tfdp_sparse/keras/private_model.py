@@ -1,0 +1,386 @@
+"""``make_private``: the one call that makes a Keras model train privately, with ε in ``fit``.
+
+It owns the private step, so nothing can skip clipping or noise silently
+(anchors: Opacus ``make_private``, jax_privacy's Keras ``make_private``):
+
+* :class:`PrivateModel` wraps the user's model (Functional, Sequential,
+  subclassed, or a ``tfrs.Model`` through its ``compute_loss``) and replaces
+  ``train_step``: forward pass with taps, per-example loss, weight
+  regularizers outside clipping, :meth:`DPOptimizer.private_step`.
+* ``fit`` feeds **Poisson batches** with secret membership from arrays or
+  an indexable source (a batched ``tf.data.Dataset`` is accepted only as the
+  labelled shuffle approximation), checks once that the loss does not
+  couple examples (:mod:`tfdp_sparse.keras.coupling`), logs ε and δ every
+  epoch (``History``, progress bar, Keras' ``TensorBoard``), stops before the
+  step that would exceed the target ε, and refuses a model recompiled with
+  another optimizer.
+* σ is calibrated through the plans for every mechanism; the ledger lives in
+  the model's checkpoints, so a resumed ``fit`` continues its ε; LazyDP's
+  pending noise is flushed before every save and at the end of ``fit``.
+* :meth:`PrivateModel.report` returns the trainers' JSON fields.
+
+Example::
+
+    private = make_private(model, PrivacyConfig(algorithm="dpsgd", target_epsilon=1.0, l2_norm_clip=1.0),
+                           num_examples=len(y), batch_size=256, epochs=3, learning_rate=0.1,
+                           loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    private.compile(metrics=[tf.keras.metrics.AUC(from_logits=True)])
+    history = private.fit(x, y)
+    history.history["epsilon"], private.report()["epsilon"]
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import logging
+import sys
+from typing import Any, Optional, Protocol, Union, runtime_checkable
+
+import numpy as np
+import tensorflow as tf
+
+from tfdp_sparse import mechanisms as mechanisms_lib
+from tfdp_sparse.accounting.ledger import PrivacyLedger
+from tfdp_sparse.clipping.registry import LayerRegistry
+from tfdp_sparse.config import PrivacyConfig
+from tfdp_sparse.data.sampling import ArrayGather, PoissonSampler, sampled_batch_dataset
+from tfdp_sparse.keras.coupling import check_no_coupling
+from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.keras.private_config import PrivateFitConfig
+from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, StepAccounting, epsilon_of, sync_ledger
+from tfdp_sparse.keras.regularization import regularization_gradients, regularization_loss
+from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.mechanisms.calibration import calibrate, check_accountant, step_event_of
+from tfdp_sparse.mechanisms.tables import table_infos
+from tfdp_sparse.noise_source import NoiseSource
+
+log = logging.getLogger("tfdp_sparse.keras")
+
+#: Why a batched ``tf.data.Dataset`` voids the guarantee.
+SHUFFLE_REASON = "fixed-size batches from a tf.data.Dataset: epsilon assumes Poisson sampling"
+
+
+@runtime_checkable
+class IndexedSource(Protocol):
+    """Training data read by index: ``len(source)`` examples, ``source[indices] -> (x, y)`` (sorted int64)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, indices: np.ndarray) -> Any: ...
+
+
+def _is_source(x) -> bool:
+    """True for an :class:`IndexedSource` that is not itself arrays (a dict, tuple or array is data)."""
+    return isinstance(x, IndexedSource) and not isinstance(x, (np.ndarray, collections.abc.Mapping, tuple, list))
+
+
+def _is_tfrs_model(model: tf.keras.Model) -> bool:
+    """True for a ``tfrs.Model`` (trained through its ``compute_loss(inputs, training)``)."""
+    tfrs = sys.modules.get("tensorflow_recommenders")
+    return tfrs is not None and isinstance(model, tfrs.Model)
+
+
+def per_example_loss_fn(loss) -> Optional[Any]:
+    """``(y, pred) -> [B]`` from a Keras loss object, a loss name, or a function (``None`` stays ``None``).
+
+    A ``tf.keras.losses.Loss`` is used without its reduction (its ``call``),
+    so ``BinaryCrossentropy(from_logits=True)`` works as written.
+    """
+    if loss is None:
+        return None
+    if isinstance(loss, str):
+        loss = tf.keras.losses.get(loss)
+    if isinstance(loss, tf.keras.losses.Loss):
+        return loss.call
+    if not callable(loss):
+        raise TypeError(f"loss must be a Keras loss, a loss name or a callable (y, pred) -> [B], got {loss!r}")
+    return loss
+
+
+class PrivateModel(tf.keras.Model):
+    """A model whose ``fit`` is private by construction; made by :func:`make_private` (see module doc).
+
+    ``private.model`` is the wrapped model (serve and export it); calls,
+    ``predict`` and ``evaluate`` go to it.
+    """
+
+    def __init__(self, model: tf.keras.Model, optimizer: DPOptimizer, ledger: PrivacyLedger,
+                 charge: StepAccounting, config: PrivateFitConfig, loss, outside_guarantee: tuple, **kwargs):
+        super().__init__(**kwargs)
+        self.model = model
+        self.dp_optimizer = optimizer
+        self.privacy_state = PrivacyState()
+        self.config = config
+        self._charge = charge
+        self._ledger = ledger
+        self._per_example = per_example_loss_fn(loss)
+        self._tfrs = _is_tfrs_model(model)
+        self._outside = outside_guarantee
+        self._loss_tracker = tf.keras.metrics.Mean(name="loss")
+        self._sampling = "poisson"
+        self._checked = config.allow_coupled_loss is not None
+        self.privacy_callback = PrivacyCallback(self.privacy_state, ledger, charge, optimizer.mechanism)
+        if self._per_example is None and not self._tfrs:
+            raise ValueError("make_private needs loss= (a per-example loss, e.g. tf.keras.losses.BinaryCrossentropy("
+                             "from_logits=True)) unless the model is a tfrs.Model with its own compute_loss")
+
+    @property
+    def mechanism(self) -> Mechanism:
+        return self.dp_optimizer.mechanism
+
+    def call(self, inputs, training=None):
+        return self.model(inputs, training=training)
+
+    def compile(self, metrics=None, loss=None, **kwargs):
+        """Keras ``compile`` with the DP optimizer; ``loss=`` may replace make_private's per-example loss."""
+        if "optimizer" in kwargs:
+            raise ValueError("the optimizer of a private model is its DPOptimizer (set by make_private); "
+                             f"compile got optimizer={kwargs['optimizer']!r}")
+        if kwargs.get("run_eagerly"):
+            raise ValueError("run_eagerly=True is not supported: the private step is traced, which is where "
+                             "its per-layer and regularizer checks run")
+        if loss is not None:
+            self._per_example = per_example_loss_fn(loss)
+        super().compile(optimizer=self.dp_optimizer, metrics=metrics, **kwargs)
+
+    @property
+    def metrics(self):
+        compiled = self.compiled_metrics.metrics if self.compiled_metrics is not None else []
+        return [self._loss_tracker] + list(compiled)
+
+    def _per_example_loss(self, x, y, training: bool):
+        if self._tfrs:
+            return None, self.model.compute_loss(x, training=training)
+        predictions = self.model(x, training=training)
+        return predictions, self._per_example(y, predictions)
+
+    def train_step(self, data):
+        x, y, _ = tf.keras.utils.unpack_x_y_sample_weight(data)
+        recorder = self.dp_optimizer.recorder()
+        recorder.clear()
+        with tf.GradientTape() as reg_tape, tf.GradientTape() as tape:
+            predictions, per_example = self._per_example_loss(x, y, training=True)
+            per_example = tf.cast(per_example, tf.float32)  # mixed precision: clip and noise in float32
+            regularization = regularization_loss(self.model)
+        variables = self.model.trainable_variables
+        reg_grads = regularization_gradients(regularization, reg_tape, variables)
+        step = self.dp_optimizer.private_step(per_example, variables, tape, regularization_grads=reg_grads)
+        with tf.control_dependencies([step]):
+            counted = self.privacy_state.count_step(tf.shape(per_example)[0])
+        with tf.control_dependencies(counted):
+            return self._metric_results(y, predictions, per_example)
+
+    def test_step(self, data):
+        x, y, _ = tf.keras.utils.unpack_x_y_sample_weight(data)
+        predictions, per_example = self._per_example_loss(x, y, training=False)
+        return self._metric_results(y, predictions, tf.cast(per_example, tf.float32))
+
+    def _metric_results(self, y, predictions, per_example) -> dict:
+        self._loss_tracker.update_state(per_example)
+        if predictions is not None and self.compiled_metrics is not None:
+            self.compiled_metrics.update_state(y, predictions)
+        return {m.name: m.result() for m in self.metrics}
+
+    # -- fit -------------------------------------------------------------------
+
+    def fit(self, x=None, y=None, epochs: Optional[int] = None, callbacks=None, verbose="auto", initial_epoch: int = 0,
+            **kwargs):
+        """Private training on Poisson batches (see module doc); returns Keras' ``History`` with ε and δ.
+
+        ``x``: arrays (an array, or a dict / tuple of arrays) with labels
+        ``y``, or an :class:`IndexedSource`; or a batched ``tf.data.Dataset``
+        (labelled not private: fixed-size batches). ``epochs`` defaults to
+        the planned length (``epochs``, or ``steps`` as one epoch).
+        """
+        for key in ("batch_size", "steps_per_epoch", "shuffle", "class_weight", "sample_weight"):
+            if kwargs.get(key) is not None:
+                raise ValueError(f"fit({key}=...) is not supported on a private model: batches are Poisson samples "
+                                 "of expected size make_private(batch_size=...), one epoch is round(N/B) steps")
+        self._check_optimizer()
+        spe = self.config.steps if self.config.steps is not None else self.config.steps_per_epoch
+        epochs = epochs if epochs is not None else (self.config.epochs or 1)
+        dataset = self._batches(x, y, (epochs - initial_epoch) * spe)
+        self.privacy_callback.plan(None if dataset is None else (epochs - initial_epoch) * spe)
+        verbose = 1 if verbose == "auto" else verbose
+        cbs = tf.keras.callbacks.CallbackList(
+            [self.privacy_callback] + ([tf.keras.callbacks.ProgbarLogger(count_mode="steps")] if verbose else [])
+            + list(callbacks or []),
+            add_history=True, add_progbar=False, model=self, verbose=verbose, epochs=epochs,
+            steps=spe if dataset is not None else None)
+        return super().fit(dataset if dataset is not None else x, epochs=epochs, callbacks=cbs, verbose=verbose,
+                           initial_epoch=initial_epoch, steps_per_epoch=spe if dataset is not None else None, **kwargs)
+
+    def _check_optimizer(self) -> None:
+        compiled = self.optimizer
+        if isinstance(compiled, tf.keras.mixed_precision.LossScaleOptimizer):
+            compiled = compiled.inner_optimizer  # unused: train_step scales nothing (no loss scaling to undo)
+        if compiled is not self.dp_optimizer:
+            raise ValueError(
+                f"this private model was compiled with {type(compiled).__name__}, not its DPOptimizer: training "
+                "would not be private. Call private.compile(metrics=...) (make_private set the optimizer)")
+        self.dp_optimizer.recorder()  # raises if the model lost its taps (layers added after make_private)
+
+    def _batches(self, x, y, num_steps: int) -> Optional[tf.data.Dataset]:
+        """Poisson batches from arrays or an indexed source, or ``None`` for a user dataset (labelled)."""
+        if isinstance(x, tf.data.Dataset):
+            if y is not None:
+                raise ValueError("with a tf.data.Dataset, labels come from the dataset (y must be None)")
+            self._sampling = "shuffle"
+            self._ledger_void(SHUFFLE_REASON)
+            log.warning("NOT PRIVATE: %s; pass arrays or an indexed source for Poisson batches", SHUFFLE_REASON)
+            return None
+        gather, pairs = self._gather(x, y)
+        noise = NoiseSource(self.config.noise_seed)
+        if noise.not_private_reason:
+            self._ledger_void(noise.not_private_reason)
+        sampler = PoissonSampler(self.config.num_examples, self.config.sampling_rate, noise)
+        if not self._checked:
+            first = gather(np.arange(min(8, self.config.num_examples), dtype=np.int64))
+            fx, fy = first if pairs else (first, None)
+            check_no_coupling(lambda bx, by: self._per_example_loss(bx, by, training=False)[1], fx, fy)
+            self._checked = True
+        return sampled_batch_dataset(sampler, gather, num_steps)
+
+    def _gather(self, x, y) -> tuple:
+        """``(gather(indices) -> batch, whether batches are (x, y) pairs)`` after checking the size."""
+        if _is_source(x):
+            size, gather, pairs = len(x), x.__getitem__, True
+        else:
+            arrays = ArrayGather(x if y is None else (x, y))
+            size, gather, pairs = arrays.num_examples, arrays, y is not None
+        if size != self.config.num_examples:
+            raise ValueError(f"the data has {size} examples but make_private(num_examples={self.config.num_examples}): "
+                             "the sampling rate B/N and so epsilon depend on N; pass the training set's size")
+        return gather, pairs
+
+    def _ledger_void(self, reason: str) -> None:
+        self.privacy_callback.ledger.record_void(reason)
+
+    # -- saving: never with pending lazy noise ----------------------------------
+
+    def save_weights(self, *args, **kwargs):
+        self.mechanism.flush()
+        sync_ledger(self.privacy_state, self.privacy_callback.ledger, self._charge)
+        return super().save_weights(*args, **kwargs)
+
+    def save(self, *args, **kwargs):
+        self.mechanism.flush()
+        sync_ledger(self.privacy_state, self.privacy_callback.ledger, self._charge)
+        return super().save(*args, **kwargs)
+
+    # -- what the guarantee is ----------------------------------------------------
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """The run's ledger, with every executed step recorded."""
+        return sync_ledger(self.privacy_state, self.privacy_callback.ledger, self._charge)
+
+    def epsilon(self) -> Optional[float]:
+        """ε spent so far at the run's δ (``None`` when the run has no guarantee)."""
+        return epsilon_of(self.ledger, self._charge)
+
+    def report(self) -> dict:
+        """The trainers' privacy fields for this run (``private``, ``not_private_reasons``, ``outside_guarantee``, ...)."""
+        ledger = self.ledger
+        reasons = list(dict.fromkeys(ledger.void_reasons + ledger.not_private_reasons))
+        plan = self.mechanism.plan
+        out = {
+            "algorithm": plan.name,
+            "epsilon": self.epsilon(),
+            "delta": self._charge.delta,
+            "noise_multiplier": plan.describe().get("noise_multiplier"),
+            "l2_norm_clip": self.mechanism.l2_norm_clip,
+            "steps": ledger.steps,
+            "sampling": self._sampling,
+            "accountant": self._charge.accountant,
+            "target_epsilon": self._charge.target_epsilon,
+            "stop_reason": self.privacy_callback.stop_reason,
+            "private": not reasons,
+            "privacy_unit": "example",
+            **self.mechanism.noise_source.describe(),
+            "outside_guarantee": list(self._outside),
+        }
+        if reasons:
+            out["not_private_reasons"] = reasons
+        return out
+
+
+def _resolve_mechanism(privacy: Union[PrivacyConfig, Mechanism], config: PrivateFitConfig, model) -> Mechanism:
+    """The mechanism to train with: built from ``privacy`` (σ calibrated for a target ε) or given."""
+    if isinstance(privacy, Mechanism):
+        return privacy
+    if not isinstance(privacy, PrivacyConfig):
+        raise TypeError(f"privacy must be a PrivacyConfig or a tfdp_sparse Mechanism, got {type(privacy).__name__}")
+    privacy.validate()
+    if privacy.sampling != "poisson":
+        raise ValueError("make_private feeds Poisson batches: PrivacyConfig(sampling='shuffle') is not supported "
+                         "(pass a batched tf.data.Dataset to fit for the labelled approximation)")
+    target = privacy.target_epsilon if privacy.target_epsilon is not None else config.target_epsilon
+    if target is not None:
+        delta = config.resolved_delta
+        privacy = dataclasses.replace(privacy, delta=delta, target_epsilon=target)
+        setup = mechanisms_lib.plan(privacy).setup_event(table_infos(model))
+        privacy = calibrate(privacy, config.sampling_rate, config.total_steps, delta, setup)
+        log.info("calibrated noise_multiplier=%.4f for epsilon=%s at delta=%.3g over %d steps",
+                 privacy.noise_multiplier, target, delta, config.total_steps)
+    return mechanisms_lib.build(privacy, seed=config.noise_seed)
+
+
+def _outside_guarantee(model) -> tuple:
+    from tfdp_sparse.clipping.coverage import data_dependent_state
+
+    return tuple(data_dependent_state(model))
+
+
+def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism], *, num_examples: int,
+                 batch_size: int, epochs: Optional[int] = None, steps: Optional[int] = None, learning_rate=0.1,
+                 loss=None, delta: Optional[float] = None, target_epsilon: Optional[float] = None,
+                 allow_coupled_loss: Optional[str] = None, noise_seed: Optional[int] = None, table_optimizer=None,
+                 dense_optimizer=None, registry: Optional[LayerRegistry] = None, accountant: str = "pld"
+                 ) -> PrivateModel:
+    """Wraps a built ``model`` for private training (see module doc); returns the :class:`PrivateModel`.
+
+    Args:
+      model: a built Keras model (call it on a batch first), or a ``tfrs.Model``.
+      privacy: a :class:`~tfdp_sparse.config.PrivacyConfig` (σ calibrated when it or ``target_epsilon``
+        sets a target) or a mechanism, e.g. ``LazyDP(noise_multiplier=1.0, l2_norm_clip=1.0)``.
+      num_examples, batch_size, epochs / steps, learning_rate, delta, target_epsilon,
+        allow_coupled_loss, noise_seed: :class:`PrivateFitConfig`.
+      loss: the per-example loss ``(y, pred)``; a Keras loss object is used unreduced.
+      table_optimizer / dense_optimizer: post-processing optimizers (see :class:`DPOptimizer`).
+      registry: clipping rules (default: the toolkit's).
+      accountant: ``"pld"`` or ``"rdp"`` (a given ``PrivacyConfig`` brings its own).
+    """
+    if delta is None and isinstance(privacy, PrivacyConfig):
+        delta = privacy.delta
+    config = PrivateFitConfig(num_examples=num_examples, batch_size=batch_size, learning_rate=learning_rate,
+                              epochs=epochs, steps=steps, delta=delta, target_epsilon=target_epsilon,
+                              allow_coupled_loss=allow_coupled_loss, noise_seed=noise_seed)
+    if not isinstance(model, tf.keras.Model):
+        raise TypeError(f"make_private needs a tf.keras Model, got {type(model).__name__}")
+    if not model.built and not model.weights:  # a subclassed model built by compute_loss has weights, not .built
+        raise ValueError("build the model before make_private (call it on a batch of inputs): its layers get their "
+                         "clipping rules then")
+    mechanism = _resolve_mechanism(privacy, config, model)
+    if mechanism.needs_private_selection:
+        raise ValueError(f"{mechanism.name} with selection_epsilon selects rows privately from training counts, "
+                         "which make_private does not compute: use a public frequency_file, or the trainers")
+    accountant = privacy.accountant if isinstance(privacy, PrivacyConfig) else accountant
+    check_accountant(mechanism.plan, accountant)
+    mechanism.bind_model(model)
+    optimizer = DPOptimizer(mechanism, learning_rate=learning_rate, expected_batch_size=batch_size,
+                            dense_optimizer=dense_optimizer, table_optimizer=table_optimizer)
+    optimizer.attach(model, registry)
+    ledger = PrivacyLedger()
+    setup = mechanism.plan.setup_event(table_infos(model))
+    if setup is not None:
+        ledger.record(setup)
+    event, reason = step_event_of(mechanism.plan, config.sampling_rate)
+    if allow_coupled_loss is not None:
+        ledger.record_not_private(f"coupled loss allowed: {allow_coupled_loss}")
+    if mechanism.noise_source.not_private_reason:
+        ledger.record_void(mechanism.noise_source.not_private_reason)
+    target = privacy.target_epsilon if isinstance(privacy, PrivacyConfig) and privacy.target_epsilon else target_epsilon
+    charge = StepAccounting(event, reason, config.resolved_delta, accountant, target, batch_size)
+    return PrivateModel(model, optimizer, ledger, charge, config, loss, _outside_guarantee(model))

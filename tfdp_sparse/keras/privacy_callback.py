@@ -23,26 +23,27 @@ import logging
 import math
 from typing import Optional
 
-import dp_accounting
 import tensorflow as tf
 
 from tfdp_sparse.accounting.budget import max_steps_within_budget
 from tfdp_sparse.accounting.ledger import PrivacyLedger
+from tfdp_sparse.accounting.step_accounting import StepAccounting
 from tfdp_sparse.mechanisms.base import Mechanism
 
 log = logging.getLogger("tfdp_sparse.keras")
 
 
 @dataclasses.dataclass(frozen=True)
-class StepAccounting:
-    """How one step is charged: its event (``None`` when the mechanism has no ε, with the reason)."""
+class RunCharge:
+    """How a private ``fit`` charges its steps: the step's accounting, the budget and the expected ``B``."""
 
-    event: Optional[dp_accounting.DpEvent]
-    not_private_reason: Optional[str]
-    delta: float
-    accountant: str
+    step: StepAccounting
     target_epsilon: Optional[float]
     expected_batch_size: int
+
+    @property
+    def delta(self) -> float:
+        return self.step.delta
 
 
 class PrivacyState(tf.Module):
@@ -59,7 +60,7 @@ class PrivacyState(tf.Module):
         return [self.steps.assign_add(1), self.examples.assign_add(tf.cast(batch_size, tf.int64))]
 
 
-def sync_ledger(state: PrivacyState, ledger: PrivacyLedger, charge: StepAccounting) -> PrivacyLedger:
+def sync_ledger(state: PrivacyState, ledger: PrivacyLedger, charge: RunCharge) -> PrivacyLedger:
     """``ledger`` with every executed step of ``state`` recorded, and written back to ``state``.
 
     Steps are counted in the graph as they run, so a step that ran is charged
@@ -71,23 +72,20 @@ def sync_ledger(state: PrivacyState, ledger: PrivacyLedger, charge: StepAccounti
         raise ValueError(f"the model's step counter ({executed}) is behind its ledger ({ledger.steps} steps): the "
                          "checkpoint and the ledger come from different runs")
     if new:
-        if charge.event is None:
-            ledger.record_not_private(charge.not_private_reason, num_steps=new)
-        else:
-            ledger.record_step(charge.event, new)
+        charge.step.charge(ledger, new)
     state.ledger_json.assign(ledger.to_json())
     return ledger
 
 
-def epsilon_of(ledger: PrivacyLedger, charge: StepAccounting) -> Optional[float]:
+def epsilon_of(ledger: PrivacyLedger, charge: RunCharge) -> Optional[float]:
     """ε so far, or ``None`` when the run has no guarantee (EANA, a coupled loss)."""
-    return ledger.epsilon(charge.delta, charge.accountant) if ledger.is_private else None
+    return charge.step.epsilon(ledger)
 
 
 class PrivacyCallback(tf.keras.callbacks.Callback):
     """Ledger, (ε, δ) in the epoch logs, budget stop, batch-size sanity (see module doc)."""
 
-    def __init__(self, state: PrivacyState, ledger: PrivacyLedger, charge: StepAccounting, mechanism: Mechanism):
+    def __init__(self, state: PrivacyState, ledger: PrivacyLedger, charge: RunCharge, mechanism: Mechanism):
         super().__init__()
         self.state, self.ledger, self.charge, self.mechanism = state, ledger, charge, mechanism
         self.allowed_steps: Optional[int] = None
@@ -111,10 +109,11 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
             self._stop()
 
     def _allowed(self) -> Optional[int]:
-        if self.charge.target_epsilon is None or self.charge.event is None or not self.ledger.is_private:
+        step = self.charge.step
+        if self.charge.target_epsilon is None or step.event is None or not self.ledger.is_private:
             return None
-        more = max_steps_within_budget(self.ledger, self.charge.event, self.charge.target_epsilon, self.charge.delta,
-                                       self.charge.accountant)
+        more = max_steps_within_budget(self.ledger, step.event, self.charge.target_epsilon, step.delta,
+                                       step.accountant)
         return self.ledger.steps + more
 
     def _stop(self) -> None:

@@ -48,7 +48,8 @@ from tfdp_sparse.data.sampling import ArrayGather, PoissonSampler, sampled_batch
 from tfdp_sparse.keras.coupling import check_no_coupling
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.private_config import PrivateFitConfig
-from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, StepAccounting, epsilon_of, sync_ledger
+from tfdp_sparse.accounting.step_accounting import StepAccounting
+from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, RunCharge, epsilon_of, sync_ledger
 from tfdp_sparse.keras.regularization import regularization_gradients, regularization_loss
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.calibration import calibrate, check_accountant, step_event_of
@@ -106,7 +107,7 @@ class PrivateModel(tf.keras.Model):
     """
 
     def __init__(self, model: tf.keras.Model, optimizer: DPOptimizer, ledger: PrivacyLedger,
-                 charge: StepAccounting, config: PrivateFitConfig, loss, outside_guarantee: tuple, **kwargs):
+                 charge: RunCharge, config: PrivateFitConfig, loss, outside_guarantee: tuple, **kwargs):
         super().__init__(**kwargs)
         self.model = model
         self.dp_optimizer = optimizer
@@ -293,7 +294,7 @@ class PrivateModel(tf.keras.Model):
             "l2_norm_clip": self.mechanism.l2_norm_clip,
             "steps": ledger.steps,
             "sampling": self._sampling,
-            "accountant": self._charge.accountant,
+            "accountant": self._charge.step.accountant,
             "target_epsilon": self._charge.target_epsilon,
             "stop_reason": self.privacy_callback.stop_reason,
             "private": not reasons,
@@ -382,5 +383,5 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
     if mechanism.noise_source.not_private_reason:
         ledger.record_void(mechanism.noise_source.not_private_reason)
     target = privacy.target_epsilon if isinstance(privacy, PrivacyConfig) and privacy.target_epsilon else target_epsilon
-    charge = StepAccounting(event, reason, config.resolved_delta, accountant, target, batch_size)
+    charge = RunCharge(StepAccounting(event, reason, config.resolved_delta, accountant), target, batch_size)
     return PrivateModel(model, optimizer, ledger, charge, config, loss, _outside_guarantee(model))

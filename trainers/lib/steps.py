@@ -17,11 +17,11 @@ import logging
 import time
 from typing import Callable, Iterator, Optional
 
-import dp_accounting
 import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse import accounting
+from tfdp_sparse.accounting.step_accounting import StepAccounting  # noqa: F401 (re-exported)
 from tfdp_sparse.data import sampling
 from tfdp_sparse.data.sampling import BatchSampler
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
@@ -120,23 +120,6 @@ class StepStats:
     def mean_embedding_values(self) -> float:
         """Mean embedding-gradient values applied per step (the "gradient size")."""
         return float(np.mean(self.values)) if self.values else 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class StepAccounting:
-    """What one executed step charges, and how ε is reported along the way."""
-
-    event: Optional[dp_accounting.DpEvent]
-    not_private: Optional[str]
-    delta: float
-    accountant: str
-
-    def charge(self, ledger: accounting.PrivacyLedger) -> None:
-        """Records one executed step."""
-        if self.event is not None:
-            ledger.record_step(self.event)
-        else:
-            ledger.record_not_private(self.not_private, 1)
 
 
 def run_steps(compiled: Callable, batches: Iterator[tuple], start: int, planned: int,

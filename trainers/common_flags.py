@@ -74,13 +74,19 @@ def define_privacy_flags(flag_values: flags.FlagValues) -> None:
 
 
 def define_optimizer_flags(flag_values: flags.FlagValues, learning_rate: float) -> None:
-    """``--learning_rate`` (tables), ``--dense_optimizer``, ``--dense_learning_rate``."""
+    """``--learning_rate`` (tables), ``--dense_optimizer``, ``--dense_learning_rate``, ``--table_optimizer``,
+    ``--table_learning_rate``."""
     fv = dict(flag_values=flag_values)
     flags.DEFINE_float("learning_rate", learning_rate, "SGD learning rate of the embedding tables (and of dense "
                        "layers with --dense_optimizer=sgd); the update is lr * G / B", **fv)
     flags.DEFINE_enum("dense_optimizer", "adam", ["sgd", "adam", "adagrad"],
                       "optimizer of the dense layers (post-processing: privacy unchanged)", **fv)
     flags.DEFINE_float("dense_learning_rate", 1e-3, "learning rate of --dense_optimizer (unless sgd)", **fv)
+    flags.DEFINE_enum("table_optimizer", "sgd", ["sgd", "adagrad", "adam", "ftrl"],
+                      "row-wise optimizer of the embedding tables, applied to the noised gradient (post-processing: "
+                      "privacy unchanged; lazydp accepts only sgd; not with --cluster or a TPU backend)", **fv)
+    flags.DEFINE_float("table_learning_rate", None, "learning rate of --table_optimizer (default --learning_rate "
+                       "with sgd; required with adagrad, adam, ftrl)", **fv)
 
 
 def define_tensorboard_flag(flag_values: flags.FlagValues) -> None:

@@ -74,7 +74,9 @@ from trainers.lib.prepare import (
     build_optimizer,
     default_features,
     make_dense_optimizer,
+    make_table_optimizer,
     open_ledger,
+    table_rule_of,
     validate_run,
 )
 from trainers.lib.privacy import (
@@ -90,7 +92,8 @@ from trainers.lib.result import TrainResult, finish, mark_void
 
 __all__ = [
     "BatchSampler", "LoopConfig", "PerformanceFlags", "PreTrainingRelease", "TrainResult", "accounting_delta", "calibrate",
-    "charged_before_steps", "check_accountant", "make_dense_optimizer", "train_privately",
+    "charged_before_steps", "check_accountant", "make_dense_optimizer", "make_table_optimizer", "table_rule_of",
+    "train_privately",
 ]
 
 log = logging.getLogger("tfdp_sparse.train")

@@ -102,6 +102,8 @@ def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_valu
     figure the last progress line prints (``StepStats.examples_per_sec``).
     ``noise_multiplier`` is the σ the accounting charges per step (DP-AdaFEST:
     the effective σ); the mechanism's own settings follow under their names.
+    ``table_optimizer`` names the tables' row-wise rule (``"sgd"``: the DP
+    optimizer's own SGD) and ``table_learning_rate`` its rate.
     ``extra["outside_guarantee"]`` (a list) is merged into the privacy fields.
     """
     privacy = result.privacy
@@ -138,9 +140,25 @@ def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_valu
     for name, value in result.mechanism.describe().items():
         if name not in line and isinstance(value, (int, float, str, bool)) and value is not None:
             line[name] = _round(value, 6) if isinstance(value, float) else value
+    line.update(table_optimizer_fields(result.optimizer))
     line.update(privacy_fields(result, outside))
     line.update(extra)
     return line
+
+
+def table_optimizer_fields(optimizer) -> dict:
+    """``{"table_optimizer": name, "table_learning_rate": rate}`` of the rule the tables stepped with.
+
+    ``"sgd"`` at ``null`` rate when the tables used the DP optimizer's own SGD
+    (``--learning_rate``; no ``table_optimizer`` set, or a cluster run).
+
+    >>> table_optimizer_fields(None)
+    {'table_optimizer': 'sgd', 'table_learning_rate': None}
+    """
+    table = getattr(optimizer, "table_optimizer", None)
+    if table is None:
+        return {"table_optimizer": "sgd", "table_learning_rate": None}
+    return {"table_optimizer": table.rule.name, "table_learning_rate": float(table.rule.learning_rate)}
 
 
 def emit(metrics: dict, path: Optional[str] = None) -> None:

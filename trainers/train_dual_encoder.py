@@ -295,6 +295,7 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
     run.privacy.validate()
     check_compatible(run.privacy, run.model)
     loop_lib.make_dense_optimizer(run.loop.dense_optimizer, run.loop.dense_learning_rate)
+    loop_lib.table_rule_of(run.loop)
     train, evaluation, num_rows, info = load_data(run.data)
     model, result = train_model(run, train, num_rows)
     quality = dual_encoder.evaluate_retrieval(model, evaluation)
@@ -349,6 +350,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
         batch_size=fv.batch_size, steps=steps, learning_rate=fv.learning_rate, seed=fv.seed,
         noise_seed=fv.noise_seed, model_dir=fv.model_dir, checkpoint_every=fv.checkpoint_every, log_every=fv.log_every,
         dense_optimizer=fv.dense_optimizer, dense_learning_rate=fv.dense_learning_rate,
+        table_optimizer=fv.table_optimizer, table_learning_rate=fv.table_learning_rate,
         calibrate_noise=fv.noise_multiplier is None, tensorboard_dir=fv.tensorboard_dir,
         performance=loop_lib.PerformanceFlags(embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend)),
     )

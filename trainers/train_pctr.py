@@ -472,6 +472,7 @@ def _check_run(run: PctrRun) -> None:
     if run.streaming_periods is not None:
         _check_streaming(run)
     loop_lib.make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate)
+    loop_lib.table_rule_of(loop)
 
 
 def _check_streaming(run: PctrRun) -> None:
@@ -627,6 +628,8 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         log_every=fv.log_every,
         dense_optimizer=fv.dense_optimizer,
         dense_learning_rate=fv.dense_learning_rate,
+        table_optimizer=fv.table_optimizer,
+        table_learning_rate=fv.table_learning_rate,
         calibrate_noise=fv.noise_multiplier is None,
         tensorboard_dir=fv.tensorboard_dir,
         performance=loop_lib.PerformanceFlags(

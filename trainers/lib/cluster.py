@@ -14,7 +14,8 @@ fields as a one-machine run (``private``, ``noise_source``, ``privacy_unit``,
 Not on a cluster (refused with the reason): checkpoints and resume
 (``model_dir``), fixed-size shuffled batches (the cluster samples Poisson
 batches by index), the TPU embedding
-backends, private selection from training counts. A closure retried after a
+backends, a row-wise table optimizer (``table_optimizer`` other than plain
+SGD: the servers update the sharded tables by SGD), private selection from training counts. A closure retried after a
 worker failure is a new step in the ledger; if retries push ε past a
 target, the line says so (``budget_overrun``) -- they cannot be planned for.
 
@@ -43,7 +44,7 @@ from tfdp_sparse.layers.tpu import EmbeddingBackend
 from tfdp_sparse.noise_source import NoiseSource
 from trainers.lib.budget import plan_steps
 from trainers.lib.config import LoopConfig, PreTrainingRelease
-from trainers.lib.prepare import make_dense_optimizer, open_ledger, validate_run
+from trainers.lib.prepare import make_dense_optimizer, make_table_optimizer, open_ledger, validate_run
 from trainers.lib.privacy import resolve_privacy, step_event_of, with_default_delta
 from trainers.lib.result import TrainResult, finish
 from trainers.lib.steps import StepStats
@@ -80,6 +81,10 @@ def check_cluster_settings(cluster: str, privacy: PrivacyConfig, loop: LoopConfi
         "embedding_backend": (None if loop.performance.embedding_backend is EmbeddingBackend.KERAS
                               else loop.performance.embedding_backend.value,
                               "tables on a cluster are Keras variables sharded over the servers"),
+        "table_optimizer": (None if make_table_optimizer(loop.table_optimizer, loop.table_learning_rate,
+                                                         loop.learning_rate) is None else loop.table_optimizer,
+                            "the servers apply plain SGD at --learning_rate to the sharded tables "
+                            "(ShardedDPOptimizer); a row-wise table optimizer's slots are not sharded"),
     }
     for name, (value, why) in refused.items():
         if value is not None:

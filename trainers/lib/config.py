@@ -45,6 +45,15 @@ class LoopConfig:
       tensorboard_dir: ``None`` (default) or a directory for TensorBoard
         scalars (loss, clipped fraction, embedding values, step time per
         step; ε every ``log_every`` steps): :mod:`trainers.tensorboard`.
+      table_optimizer: row-wise rule of the embedding tables, applied to the
+        noised gradient (post-processing: privacy unchanged): ``"sgd"``
+        (default: the DP optimizer's own SGD at ``learning_rate``, as
+        before), ``"adagrad"``, ``"adam"`` or ``"ftrl"``
+        (:mod:`tfdp_sparse.optimizers`). LazyDP accepts only ``"sgd"``.
+      table_learning_rate: its rate. ``None`` with ``"sgd"`` means
+        ``learning_rate``; required (> 0) with the others. E.g.
+        ``LoopConfig(1024, 300, 5.0, table_optimizer="adagrad",
+        table_learning_rate=0.05)``.
     """
 
     batch_size: int
@@ -59,6 +68,8 @@ class LoopConfig:
     calibrate_noise: bool = True
     noise_seed: Optional[int] = None
     tensorboard_dir: Optional[str] = None
+    table_optimizer: str = "sgd"
+    table_learning_rate: Optional[float] = None
     #: speed settings only (XLA, where tables live): they cannot change the guarantee.
     performance: PerformanceFlags = PerformanceFlags()
 

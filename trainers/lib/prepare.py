@@ -17,7 +17,9 @@ import tensorflow as tf
 
 from tfdp_sparse import accounting
 from tfdp_sparse.keras import DPOptimizer
+from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.optimizers import TableAdagrad, TableAdam, TableFTRL, TableRule, TableSGD
 from trainers import tensorboard
 from trainers.lib.config import LoopConfig, PreTrainingRelease
 from trainers.lib.privacy import ResolvedPrivacy
@@ -67,6 +69,57 @@ def make_dense_optimizer(name: str, learning_rate: Optional[float]) -> Optional[
     return tf.keras.optimizers.Adagrad(learning_rate)
 
 
+#: ``LoopConfig.table_optimizer`` / ``--table_optimizer`` names -> row-wise rule (:mod:`tfdp_sparse.optimizers`).
+TABLE_RULES = {"sgd": TableSGD, "adagrad": TableAdagrad, "adam": TableAdam, "ftrl": TableFTRL}
+
+
+def make_table_optimizer(name: str, learning_rate: Optional[float],
+                         loop_learning_rate: float) -> Optional[TableRule]:
+    """The ``DPOptimizer(table_optimizer=...)`` of a run: ``None`` for plain SGD, else the row-wise rule.
+
+    ``"sgd"`` with ``learning_rate`` ``None`` (or equal to the loop's) is
+    ``None``: the DP optimizer's own SGD, bit-identical to a run without the
+    setting. ``"sgd"`` at another rate is ``TableSGD(learning_rate)``. The
+    others need an explicit ``learning_rate > 0`` (their scale has nothing to
+    do with SGD's ``lr * G / B``).
+
+    Example::
+
+        make_table_optimizer("sgd", None, 5.0)          # None
+        make_table_optimizer("adagrad", 0.05, 5.0)      # TableAdagrad(learning_rate=0.05)
+        make_table_optimizer("adagrad", None, 5.0)      # ValueError: table_learning_rate must be > 0 ...
+    """
+    if name not in TABLE_RULES:
+        raise ValueError(f"table_optimizer must be one of {', '.join(repr(n) for n in TABLE_RULES)}, got {name!r}")
+    if name == "sgd" and (learning_rate is None or learning_rate == loop_learning_rate):
+        return None
+    if learning_rate is None or isinstance(learning_rate, bool) or not np.isfinite(learning_rate) \
+            or not learning_rate > 0:
+        raise ValueError(f"table_learning_rate must be a finite number > 0 with table_optimizer={name!r}, got "
+                         f"{learning_rate!r}")
+    return TABLE_RULES[name](learning_rate=float(learning_rate))
+
+
+def table_rule_of(loop: LoopConfig) -> Optional[TableRule]:
+    """:func:`make_table_optimizer` of ``loop``, refusing a TPU backend with a row-wise rule.
+
+    The TPU embedding program applies its own table optimizer (plain SGD in
+    this toolkit) and would silently ignore the rule, so it is refused.
+
+    Example: ``table_rule_of(LoopConfig(256, 10, 0.1, table_optimizer="adam", table_learning_rate=1e-3))``
+    is ``TableAdam(learning_rate=0.001, ...)``.
+    """
+    rule = make_table_optimizer(loop.table_optimizer, loop.table_learning_rate, loop.learning_rate)
+    backend = loop.performance.embedding_backend
+    if rule is not None and backend is not EmbeddingBackend.KERAS:
+        raise ValueError(
+            f"table_optimizer={loop.table_optimizer!r} (table_learning_rate={loop.table_learning_rate!r}) is not "
+            f"supported with embedding_backend={backend.value}: the TPU embedding program updates the tables "
+            "with its own plain SGD and would ignore the row-wise rule. Use table_optimizer='sgd' without "
+            "table_learning_rate, or embedding_backend=keras")
+    return rule
+
+
 def default_features(arrays: Mapping[str, np.ndarray]) -> Features:
     """``(arrays, idx) -> ({every array but label/prob}[idx], label[idx])``."""
     keys = [k for k in arrays if k not in ("label", "prob")]
@@ -97,6 +150,7 @@ def build_optimizer(resolved: ResolvedPrivacy, loop: LoopConfig, model,
         learning_rate=loop.learning_rate,
         expected_batch_size=loop.batch_size,
         dense_optimizer=make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate),
+        table_optimizer=table_rule_of(loop),
     )
 
 

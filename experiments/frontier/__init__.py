@@ -4,8 +4,10 @@
 DP-SGD, EANA (no ε: at DP-SGD's σ), DP-FEST, DP-AdaFEST, DP-AdaFEST+ and LazyDP on the utility
 sweep's synthetic Criteo-like data at one ε, and writes ``report.md`` with three figures: AUC against
 gradient-size reduction, AUC against step time, ε spent against steps (from each run's ledger);
-``--adafest_heatmap`` adds the DP-AdaFEST σ1/σ2 × τ heatmap of Ghazi et al., "Sparsity-Preserving
-Differentially Private Training of Large Embedding Models", NeurIPS'23.
+``--table_optimizers=sgd,adagrad`` runs every algorithm with each row-wise table optimizer it accepts
+(LazyDP: SGD only; the refused pairs are noted in the report); ``--adafest_heatmap`` adds the
+DP-AdaFEST σ1/σ2 × τ heatmap of Ghazi et al., "Sparsity-Preserving Differentially Private Training
+of Large Embedding Models", NeurIPS'23.
 
 The package grows out of :mod:`experiments.sweep` (whose data and run code it reuses):
 
@@ -29,11 +31,14 @@ from experiments.frontier.config import (
     FRONTIER_LABELS,
     FrontierConfig,
     default_sweep,
+    parse_table_optimizers,
     plan_heatmap,
     plan_runs,
+    plan_table_runs,
 )
 from experiments.frontier.curve import EpsilonCurves, curve_steps, ledger_after
 from experiments.frontier.run import run_frontier
 
 __all__ = ["FRONTIER_ALGORITHMS", "FRONTIER_LABELS", "EpsilonCurves", "FrontierConfig", "curve_steps",
-           "default_sweep", "ledger_after", "plan_heatmap", "plan_runs", "run_frontier"]
+           "default_sweep", "ledger_after", "parse_table_optimizers", "plan_heatmap", "plan_runs", "plan_table_runs",
+           "run_frontier"]

@@ -17,6 +17,7 @@ Examples::
     python -m experiments.frontier --output_dir=out/frontier
     python -m experiments.frontier --output_dir=out/frontier4 --scale=4 --adafest_heatmap
     python -m experiments.frontier --algorithms=sgd,dpsgd,lazydp --target_epsilon=3
+    python -m experiments.frontier --table_optimizers=sgd,adagrad   # each algorithm with SGD and Adagrad tables
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ from typing import Optional, Sequence
 
 from absl import flags
 
-from experiments.frontier.config import FRONTIER_ALGORITHMS, FrontierConfig, default_sweep
+from experiments.frontier.config import (
+    DEFAULT_TABLE_LEARNING_RATES,
+    FRONTIER_ALGORITHMS,
+    FrontierConfig,
+    default_sweep,
+    parse_table_optimizers,
+)
 from experiments.frontier.run import run_frontier
 from trainers import summary
 from trainers.sweep import _floats, define_grid_flags, grids_from_flags
@@ -56,6 +63,10 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("epsilon_points", _F.epsilon_points, "step counts at which each ledger gives epsilon", **kw)
     flags.DEFINE_boolean("adafest_heatmap", False, "also run the DP-AdaFEST sigma1/sigma2 x tau heatmap", **kw)
     flags.DEFINE_list("heatmap_ratios", [f"{r:g}" for r in _F.heatmap_ratios], "heatmap rows: sigma1/sigma2", **kw)
+    flags.DEFINE_list("table_optimizers", ["sgd"], "row-wise table optimizers to compare, NAME or NAME:LR from "
+                      "sgd,adagrad,adam,ftrl (sgd: --learning_rate; adagrad default lr "
+                      f"{DEFAULT_TABLE_LEARNING_RATES['adagrad']:g}); every algorithm runs with each one it accepts "
+                      "(LazyDP: sgd only, the others noted in the report)", **kw)
     flags.DEFINE_list("heatmap_taus", [f"{t:g}" for t in _F.heatmap_taus], "heatmap columns: tau", **kw)
     define_grid_flags(fv, _S)
     flags.DEFINE_integer("num_examples", _S.num_examples, "synthetic training examples (before --scale)", **kw)
@@ -82,6 +93,7 @@ def config_from_flags(fv: flags.FlagValues) -> FrontierConfig:
         sweep=sweep, algorithms=tuple(fv.algorithms), epsilon_points=fv.epsilon_points,
         adafest_heatmap=fv.adafest_heatmap, heatmap_ratios=_floats(fv.heatmap_ratios, "heatmap_ratios"),
         heatmap_taus=_floats(fv.heatmap_taus, "heatmap_taus"),
+        table_optimizers=parse_table_optimizers(fv.table_optimizers),
     )
     return config.scaled(fv.scale).validate()
 

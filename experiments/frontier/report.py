@@ -75,16 +75,30 @@ def privacy_section(rows: Sequence[dict], settings: dict) -> list[str]:
     ]
 
 
-def _table(rows: Sequence[dict]) -> list[str]:
-    lines = ["| algorithm | knobs | AUC | ΔAUC vs DP-SGD | ε | σ | values/step | reduction | step ms | "
-             "examples/s | run s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+def table_optimizer_cell(r: dict) -> str:
+    """The tables' rule of a row: ``"sgd lr 5"`` (the run's own SGD) or ``"adagrad lr 1.5"``.
+
+    >>> table_optimizer_cell({"table_optimizer": "adagrad", "table_learning_rate": 1.5, "learning_rate": 5.0})
+    'adagrad lr 1.5'
+    """
+    name = r.get("table_optimizer", "sgd")
+    lr = r.get("table_learning_rate")
+    return f"{name} lr {(r.get('learning_rate') if lr is None else lr):g}"
+
+
+def _table(rows: Sequence[dict], with_tables: bool = False) -> list[str]:
+    """The runs' table; ``with_tables`` adds a table-optimizer column after the knobs."""
+    tables = "table optimizer | " if with_tables else ""
+    lines = [f"| algorithm | knobs | {tables}AUC | ΔAUC vs DP-SGD | ε | σ | values/step | reduction | step ms | "
+             "examples/s | run s |", "|---" * (11 + with_tables) + "|"]
     ref = next(r["auc"] for r in rows if r["group"] == "dpsgd")
     for r in rows:
         auc = _num(r["auc"], ".4f") + (f" ± {r['auc_std']:.4f}" if r.get("auc_std") is not None else "")
         delta = "–" if r["auc"] is None or ref is None else f"{r['auc'] - ref:+.4f}"
         eps = "n/a" if r["epsilon"] is None else f"{r['epsilon']:.4f}"
+        tables = f"{table_optimizer_cell(r)} | " if with_tables else ""
         lines.append(
-            f"| {FRONTIER_LABELS.get(r['group'], r['group'])} | {r['knobs']} | {auc} | {delta} | {eps} | "
+            f"| {FRONTIER_LABELS.get(r['group'], r['group'])} | {r['knobs']} | {tables}{auc} | {delta} | {eps} | "
             f"{_num(r.get('noise_multiplier'), '.4f')} | {_num(r.get('gradient_size'), '.0f')} | "
             f"{_num(r.get('gradient_size_reduction'), '.1f')}× | {_num(r.get('step_ms'), '.1f')} | "
             f"{_num(r.get('examples_per_sec'), '.0f')} | {r['timing_s']['run_total']:.1f} |")
@@ -114,6 +128,22 @@ def _heatmap_table(cells: Sequence[dict], settings: dict) -> list[str]:
     return lines
 
 
+def _several_table_optimizers(settings: dict) -> bool:
+    return settings.get("table_optimizers", ["sgd"]) != ["sgd"]
+
+
+def _skipped(settings: dict) -> list[str]:
+    """The table-optimizer section: the rules compared, the reference, and each refused (algorithm, rule)."""
+    if not _several_table_optimizers(settings):
+        return []
+    lines = [f"Table optimizers: {', '.join(settings['table_optimizers'])} (row-wise, on the noised gradient ÷ B: "
+             "post-processing, same ε); ΔAUC is against DP-SGD with the first of them.", ""]
+    for s in settings.get("skipped_runs", []):
+        name = FRONTIER_LABELS.get(s["group"], s["group"]) + ("" if s["knobs"] == "-" else f" {s['knobs']}")
+        lines.append(f"- Not run: {name} with {s['table_optimizer']} tables: {s['reason']}.")
+    return lines + ([""] if settings.get("skipped_runs") else [])
+
+
 def format_report(rows: Sequence[dict], heatmap: Sequence[dict], settings: dict, timing: dict,
                   figures: dict) -> str:
     """``report.md``: settings, privacy, outside the guarantee, the tables and every figure in ``figures``."""
@@ -140,8 +170,9 @@ def format_report(rows: Sequence[dict], heatmap: Sequence[dict], settings: dict,
         "Gradient size = embedding-gradient values applied per step; reduction = dense table values / that. "
         "AUC: mean ± std over the seeds.",
         "",
-        *_table(rows),
+        *_table(rows, with_tables=_several_table_optimizers(settings)),
         "",
+        *_skipped(settings),
         "## ε against steps",
         "",
         *_epsilon_table(rows),

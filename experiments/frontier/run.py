@@ -28,13 +28,25 @@ import time
 from typing import Optional, Sequence
 
 from experiments.frontier import plot as plot_lib
-from experiments.frontier.config import EANA_LABEL, FRONTIER_LABELS, FrontierConfig, plan_heatmap, plan_runs
+from experiments.frontier.config import (
+    EANA_LABEL,
+    FRONTIER_LABELS,
+    FrontierConfig,
+    TableChoice,
+    plan_heatmap,
+    plan_table_runs,
+    table_label,
+    table_learning_rate,
+)
 from experiments.frontier.curve import EpsilonCurves, curve_steps
 from experiments.frontier.report import format_report
 from experiments.sweep.data import SweepData, prepare_data
 from experiments.sweep.grid import RunSpec
 from experiments.sweep.report import aggregate, settings_of
-from experiments.sweep.run import SigmaCache, run_one
+from experiments.sweep.run import SigmaCache, _privacy_config, run_one
+from tfdp_sparse import accounting, mechanisms
+from tfdp_sparse.keras import DPOptimizer
+from trainers.lib.prepare import make_table_optimizer
 
 log = logging.getLogger("tfdp_sparse.frontier")
 
@@ -58,16 +70,20 @@ class _Runner:
         log.info("frontier run %d/%d: %s %s (seed %d); %.0f s elapsed%s", self.done + 1, self.total,
                  FRONTIER_LABELS[spec.group], label, seed, elapsed, eta)
 
-    def run(self, spec: RunSpec, seed: int) -> dict:
-        """One trained run's row, with its ε curve (``epsilon_curve``: ``[[steps, ε], ...]`` or ``None``)."""
+    def run(self, spec: RunSpec, seed: int, table: TableChoice = ("sgd", None)) -> dict:
+        """One trained run's row, with its ε curve (``epsilon_curve``: ``[[steps, ε], ...]`` or ``None``).
+
+        ``table``: the tables' rule; other than plain SGD it is added to the row's ``knobs`` label.
+        """
         eana = spec.algorithm == "eana"
         if eana and self.dpsgd_sigma is None:
             raise RuntimeError("EANA runs at DP-SGD's σ: DP-SGD must run first")
-        label = EANA_LABEL if eana else spec.label
+        label = _with_table(EANA_LABEL if eana else spec.label, table)
         self._progress(spec, label, seed)
         results = []
         row = run_one(spec, self.config.sweep, self.data, self.cache, seed=seed,
-                      noise_multiplier=self.dpsgd_sigma if eana else None, on_result=results.append)
+                      noise_multiplier=self.dpsgd_sigma if eana else None, on_result=results.append,
+                      table_optimizer=table[0], table_learning_rate=table_learning_rate(*table))
         result = results[0]
         if spec.algorithm == "dpsgd" and self.dpsgd_sigma is None:
             self.dpsgd_sigma = float(result.privacy.noise_multiplier)
@@ -84,9 +100,58 @@ class _Runner:
                  row["gradient_size_reduction"], row["step_ms"], row["timing_s"]["run_total"])
         return row
 
-    def run_all(self, specs: Sequence[RunSpec], seeds: Sequence[int]) -> list[dict]:
-        """Every spec once per seed; one aggregated row per spec (mean AUC ± std over the seeds)."""
-        return [aggregate([self.run(spec, seed) for seed in seeds]) for spec in specs]
+    def run_all(self, specs: Sequence, seeds: Sequence[int]) -> list[dict]:
+        """Every spec (a ``RunSpec`` or ``(RunSpec, TableChoice)``) once per seed; one aggregated row per spec
+        (mean AUC ± std over the seeds)."""
+        pairs = [s if isinstance(s, tuple) else (s, ("sgd", None)) for s in specs]
+        return [aggregate([self.run(spec, seed, table) for seed in seeds]) for spec, table in pairs]
+
+
+def _with_table(label: str, table: TableChoice) -> str:
+    """``"k=100"`` + adagrad -> ``"k=100, adagrad tables"``; plain SGD tables leave the label as it is."""
+    if table == ("sgd", None):
+        return label
+    tables = f"{table_label(table)} tables"
+    return tables if label == "-" else f"{label}, {tables}"
+
+
+def table_refusal(spec: RunSpec, table: TableChoice, config: FrontierConfig, data: SweepData) -> Optional[str]:
+    """Why ``spec``'s mechanism refuses the table rule ``table`` (its own ``ValueError``), or ``None``.
+
+    Asks the mechanism as the run would (``DPOptimizer(mechanism, table_optimizer=rule)``), so the
+    frontier never hard-codes which algorithm accepts which rule. Example: LazyDP with
+    ``("adagrad", None)`` -> ``"LazyDP refuses table_optimizer=TableAdagrad (adagrad): its deferred
+    noise needs plain SGD on the tables"``.
+    """
+    sweep = config.sweep
+    rule = make_table_optimizer(table[0], table_learning_rate(*table), sweep.learning_rate)
+    if rule is None:
+        return None
+    n = len(data.train["label"])
+    delta = sweep.delta if sweep.delta is not None else accounting.default_delta(n)
+    privacy, _ = _privacy_config(spec, sweep, data, delta, None)
+    try:
+        DPOptimizer(mechanisms.build(privacy), learning_rate=sweep.learning_rate,
+                    expected_batch_size=sweep.batch_size, table_optimizer=rule)
+    except ValueError as err:
+        return str(err).split(" — ")[0]
+    return None
+
+
+def split_refused(config: FrontierConfig, data: SweepData) -> tuple[list, list[dict]]:
+    """``(runs to train, skipped)``: the planned ``(RunSpec, TableChoice)`` pairs a mechanism accepts, and one
+    note ``{"group", "knobs", "table_optimizer", "reason"}`` per pair it refuses."""
+    runs, skipped = [], []
+    for spec, table in plan_table_runs(config):
+        reason = table_refusal(spec, table, config, data)
+        if reason is None:
+            runs.append((spec, table))
+        else:
+            skipped.append({"group": spec.group, "knobs": spec.label, "table_optimizer": table_label(table),
+                            "reason": reason})
+            log.info("frontier: %s %s not run with %s tables: %s", FRONTIER_LABELS[spec.group], spec.label,
+                     table_label(table), reason)
+    return runs, skipped
 
 
 def _write_jsonl(path: str, rows: Sequence[dict]) -> None:
@@ -115,6 +180,9 @@ def _figures(config: FrontierConfig, rows: list[dict], heatmap: list[dict], sett
 def run_frontier(config: FrontierConfig) -> dict:
     """Runs the frontier and writes its outputs; returns ``{"rows", "heatmap", "settings", "timing", "paths"}``.
 
+    With several ``table_optimizers`` every algorithm runs once per rule its mechanism accepts; the
+    refused pairs are listed in ``settings["skipped_runs"]`` and the report.
+
     Writes ``settings.json``, ``runs.jsonl`` (one line per trained run), ``results.jsonl`` (one per
     configuration), ``heatmap.jsonl`` (with ``adafest_heatmap``), the PNGs and ``report.md``.
     """
@@ -125,11 +193,13 @@ def run_frontier(config: FrontierConfig) -> dict:
     timing = {"data": time.perf_counter() - t_all}
     settings = {**settings_of(config.sweep, data), "algorithms": list(config.algorithms),
                 "adafest_heatmap": config.adafest_heatmap, "heatmap_ratios": list(config.heatmap_ratios),
-                "heatmap_taus": list(config.heatmap_taus), "epsilon_points": config.epsilon_points}
+                "heatmap_taus": list(config.heatmap_taus), "epsilon_points": config.epsilon_points,
+                "table_optimizers": [table_label(t) for t in config.table_optimizers]}
+    specs, skipped = split_refused(config, data)
+    settings["skipped_runs"] = skipped
     print("settings: " + json.dumps(settings), flush=True)
     with open(os.path.join(config.output_dir, "settings.json"), "w") as f:
         json.dump(settings, f, indent=1)
-    specs = plan_runs(config)
     cells = plan_heatmap(config) if config.adafest_heatmap else []
     runner = _Runner(config, data, len(specs) * len(config.sweep.seeds) + len(cells),
                      os.path.join(config.output_dir, "runs.jsonl"))

@@ -161,13 +161,16 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
             seed: Optional[int] = None, learning_rate: Optional[float] = None,
             dense_learning_rate: Optional[float] = None, l2_norm_clip: Optional[float] = None,
             noise_multiplier: Optional[float] = None,
-            on_result: Optional[Callable[[loop_lib.TrainResult], None]] = None) -> dict:
+            on_result: Optional[Callable[[loop_lib.TrainResult], None]] = None,
+            table_optimizer: str = "sgd", table_learning_rate: Optional[float] = None) -> dict:
     """Trains and evaluates one run (``seed``: default the first of ``config.seeds``); returns its row
     (the trainer's metrics line plus sweep fields).
 
     ``noise_multiplier`` fixes σ instead of calibrating it for the target ε (no ε check then: EANA,
     which has no ε, runs at DP-SGD's σ in :mod:`experiments.frontier`); ``on_result`` receives the
-    run's ``TrainResult`` (its ledger, mechanism) before the row is returned.
+    run's ``TrainResult`` (its ledger, mechanism) before the row is returned. ``table_optimizer`` /
+    ``table_learning_rate``: the tables' row-wise rule (``LoopConfig``; default plain SGD at the run's
+    learning rate), named in the row as ``table_optimizer`` / ``table_learning_rate``.
     """
     t_start = time.perf_counter()
     seed = config.seeds[0] if seed is None else seed
@@ -193,7 +196,7 @@ def run_one(spec: RunSpec, config: SweepConfig, data: SweepData, cache: SigmaCac
     loop = loop_lib.LoopConfig(
         batch_size=config.batch_size, steps=config.steps, learning_rate=lr, seed=seed,
         log_every=config.log_every, dense_optimizer=config.dense_optimizer, dense_learning_rate=dense_lr,
-        calibrate_noise=True,
+        calibrate_noise=True, table_optimizer=table_optimizer, table_learning_rate=table_learning_rate,
     )
     result, auc, seconds = _train_and_evaluate(config, data, privacy, loop, seed)
     dense_values = sum(v * pctr.embedding_dim(v) for v in data.vocab_sizes)

@@ -337,3 +337,20 @@ def test_bad_inputs_are_refused_clearly():
     private = _private(ctr_model())
     with pytest.raises(ValueError, match="batch_size"):
         private.fit(x, y, batch_size=32, verbose=0)
+
+
+def test_save_exports_the_wrapped_model_without_secrets_and_with_its_privacy_report(tmp_path):
+    import json
+
+    model = ctr_model()
+    private = _private(model, steps=2)
+    private.fit(*data(), verbose=0)
+    path = str(tmp_path / "export")
+    private.save(path)
+    names = [name for name, _ in tf.train.list_variables(str(tmp_path / "export" / "variables" / "variables"))]
+    assert names and not [n for n in names if "optimizer" in n.lower() or "mechanism" in n.lower() or "rng" in n]
+    with open(tmp_path / "export" / "privacy_report.json") as f:
+        assert json.load(f)["epsilon"] == private.report()["epsilon"]
+    loaded = tf.keras.models.load_model(path, compile=False)
+    x, _ = data()
+    np.testing.assert_allclose(loaded(x[:5]).numpy(), model(x[:5]).numpy(), rtol=1e-6)

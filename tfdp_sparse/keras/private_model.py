@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import json
 import logging
+import os
 import sys
 from typing import Any, Optional, Protocol, Union, runtime_checkable
 
@@ -265,10 +267,22 @@ class PrivateModel(tf.keras.Model):
         sync_ledger(self.privacy_state, self.privacy_callback.ledger, self._charge)
         return super().save_weights(*args, **kwargs)
 
-    def save(self, *args, **kwargs):
+    def save(self, filepath, *args, **kwargs):
+        """Exports the wrapped model (for serving) after a flush, with ``privacy_report.json`` beside it.
+
+        The export holds no optimizer state: the noise generator is a secret
+        and LazyDP's history is training state. Checkpoints to resume from
+        (the ledger included) are ``save_weights`` /
+        ``ModelCheckpoint(save_weights_only=True)``.
+        """
         self.mechanism.flush()
-        sync_ledger(self.privacy_state, self.privacy_callback.ledger, self._charge)
-        return super().save(*args, **kwargs)
+        kwargs["include_optimizer"] = False
+        out = self.model.save(filepath, *args, **kwargs)
+        path = os.fspath(filepath)
+        report_path = os.path.join(path, "privacy_report.json") if os.path.isdir(path) else path + ".privacy.json"
+        with open(report_path, "w") as f:
+            json.dump(self.report(), f, indent=1, sort_keys=True)
+        return out
 
     # -- what the guarantee is ----------------------------------------------------
 

@@ -354,3 +354,62 @@ def test_save_exports_the_wrapped_model_without_secrets_and_with_its_privacy_rep
     loaded = tf.keras.models.load_model(path, compile=False)
     x, _ = data()
     np.testing.assert_allclose(loaded(x[:5]).numpy(), model(x[:5]).numpy(), rtol=1e-6)
+
+
+class Rows:
+    """An indexed source: ``len`` and ``source[sorted indices] -> (x, y)`` (e.g. memory-mapped files)."""
+
+    def __init__(self, x, y):
+        self.x, self.y, self.reads = x, y, []
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, indices):
+        self.reads.append(len(indices))
+        return self.x[indices], self.y[indices]
+
+
+class Subclassed(tf.keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.table = tf.keras.layers.Embedding(VOCAB, DIM)
+        self.flat = tf.keras.layers.Flatten()
+        self.out = tf.keras.layers.Dense(1)
+
+    def call(self, ids, training=None):
+        return self.out(self.flat(self.table(ids)))
+
+
+def _sequential():
+    return tf.keras.Sequential([tf.keras.Input((3,), dtype=tf.int64), tf.keras.layers.Embedding(VOCAB, DIM),
+                                tf.keras.layers.Flatten(), tf.keras.layers.Dense(1)])
+
+
+@pytest.mark.parametrize("kind", ["sequential", "subclassed", "indexed_source"])
+def test_sequential_subclassed_models_and_indexed_sources_train_privately(kind):
+    x, y = data()
+    model = Subclassed() if kind == "subclassed" else _sequential()
+    model(x[:2])
+    private = _private(model, steps=3)
+    source = Rows(x, y) if kind == "indexed_source" else None
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    if source is None:
+        private.fit(x, y, verbose=0)
+    else:
+        private.fit(source, verbose=0)
+        assert len(source.reads) >= 3 and all(r < N for r in source.reads)  # Poisson batches by index
+    report = private.report()
+    assert report["private"] is True and report["steps"] == 3 and report["epsilon"] > 0
+    assert all(np.any(v.numpy() != b) for v, b in zip(model.trainable_variables, before))
+
+
+def test_contradicting_or_meaningless_settings_are_refused():
+    with pytest.raises(ValueError, match="contradicts"):
+        make_private(ctr_model(), dp(delta=1e-5), num_examples=N, batch_size=B, epochs=1, loss=BCE, delta=1e-6)
+    with pytest.raises(ValueError, match="meaningless"):
+        make_private(tf.keras.Model(*_dp_embedding_model()), build(dp(algorithm="eana")), num_examples=N,
+                     batch_size=B, epochs=1, loss=BCE, target_epsilon=1.0)
+    with pytest.raises(ValueError, match="meaningless"):
+        make_private(ctr_model(), build(dp()), num_examples=N, batch_size=B, epochs=1, loss=BCE,
+                     target_epsilon=1.0, allow_coupled_loss="audited")

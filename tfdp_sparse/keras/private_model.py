@@ -367,8 +367,12 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
       registry: clipping rules (default: the toolkit's).
       accountant: ``"pld"`` or ``"rdp"`` (a given ``PrivacyConfig`` brings its own).
     """
-    if delta is None and isinstance(privacy, PrivacyConfig):
-        delta = privacy.delta
+    if isinstance(privacy, PrivacyConfig):
+        for name, given, configured in (("delta", delta, privacy.delta),
+                                        ("target_epsilon", target_epsilon, privacy.target_epsilon)):
+            if given is not None and configured is not None and given != configured:
+                raise ValueError(f"{name}={given} contradicts PrivacyConfig({name}={configured}): give it once")
+        delta = delta if delta is not None else privacy.delta
     config = PrivateFitConfig(num_examples=num_examples, batch_size=batch_size, learning_rate=learning_rate,
                               epochs=epochs, steps=steps, delta=delta, target_epsilon=target_epsilon,
                               allow_coupled_loss=allow_coupled_loss, noise_seed=noise_seed)
@@ -392,10 +396,13 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
     if setup is not None:
         ledger.record(setup)
     event, reason = step_event_of(mechanism.plan, config.sampling_rate)
+    target = privacy.target_epsilon if isinstance(privacy, PrivacyConfig) and privacy.target_epsilon else target_epsilon
+    if target is not None and (reason is not None or allow_coupled_loss is not None):
+        raise ValueError(f"target_epsilon={target} is meaningless for this run: "
+                         f"{reason or 'allow_coupled_loss: ' + str(allow_coupled_loss)} (no epsilon is reported)")
     if allow_coupled_loss is not None:
         ledger.record_not_private(f"coupled loss allowed: {allow_coupled_loss}")
     if mechanism.noise_source.not_private_reason:
         ledger.record_void(mechanism.noise_source.not_private_reason)
-    target = privacy.target_epsilon if isinstance(privacy, PrivacyConfig) and privacy.target_epsilon else target_epsilon
     charge = RunCharge(StepAccounting(event, reason, config.resolved_delta, accountant), target, batch_size)
     return PrivateModel(model, optimizer, ledger, charge, config, loss, _outside_guarantee(model))

@@ -190,14 +190,15 @@ def as_paths(paths) -> list[str]:
     return out
 
 
-def parse_file(lines: Iterable[str], path: str, report: ReadReport) -> Iterator[tuple]:
+def parse_file(lines: Iterable[str], path: str, report: ReadReport, first_line: int = 1) -> Iterator[tuple]:
     """``(label, dense_raw[13], cat_strings[26])`` of the well-formed ``lines`` of ``path``.
 
     Every line is counted in ``report``; malformed ones are recorded there
-    (with their 1-based line number) and skipped.  Categorical strings are
+    (with their 1-based line number, ``first_line`` for the first of
+    ``lines``: a part of a file) and skipped.  Categorical strings are
     lower-cased; a missing one is ``""``.
     """
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines, start=first_line):
         report.lines += 1
         try:
             parsed = _parse_line(line)

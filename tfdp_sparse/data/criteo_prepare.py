@@ -64,7 +64,7 @@ import sys
 import time
 from typing import Callable, Optional, Sequence, TextIO
 
-from tfdp_sparse.data.criteo_prepare_day import ChunkHook, Progress, fsync_dir, write_day
+from tfdp_sparse.data.criteo_prepare_day import PARSERS, ChunkHook, Progress, fsync_dir, write_day
 from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES
 from tfdp_sparse.data.prepared import CHECKSUM, FORMAT, FORMAT_VERSION, MANIFEST, TMP_PREFIX, load_manifest
 from tfdp_sparse.data.vocabulary import HashVocabulary, VocabularyKind
@@ -154,14 +154,14 @@ def _check_inputs(inputs, chunk_rows: int, max_malformed_fraction: float, vocab:
 
 
 def _day_in_worker(path: str, name: str, output_dir: str, buckets: tuple, chunk_rows: int,
-                   max_malformed_fraction: float, verbose: bool, progress_seconds: float) -> dict:
+                   max_malformed_fraction: float, verbose: bool, progress_seconds: float, parser: str) -> dict:
     """:func:`~tfdp_sparse.data.criteo_prepare_day.write_day` in a worker process.
 
     Its progress lines are about its own day.
     """
     progress = Progress(os.path.getsize(path), sys.stderr if verbose else None, progress_seconds)
     return write_day(path, name, output_dir, HashVocabulary(buckets), chunk_rows, max_malformed_fraction,
-                      progress, None)
+                      progress, None, parser)
 
 
 def _run_parallel(todo: list, workers: int, record: Callable[[dict], None], day_args: tuple) -> None:
@@ -207,14 +207,17 @@ def _plan(days: list, output_dir: str, vocabulary: HashVocabulary, log: Optional
 def prepare(inputs, output_dir: str, hash_buckets=KAGGLE_VOCAB_SIZES, chunk_rows: int = DEFAULT_CHUNK_ROWS,
             max_malformed_fraction: float = DEFAULT_MAX_MALFORMED_FRACTION, vocab: str = "hash",
             log: Optional[TextIO] = sys.stderr, progress_seconds: float = 10.0, workers: int = 1,
-            after_chunk: Optional[ChunkHook] = None, summary: Optional[dict] = None) -> dict:
+            after_chunk: Optional[ChunkHook] = None, summary: Optional[dict] = None,
+            parser: str = "columnar") -> dict:
     """Prepare the day files ``inputs`` into ``output_dir``; returns the manifest (see the module docstring).
 
     Days already prepared from the same source (path, size, mtime) are
     skipped (``summary``, if given, receives the lists ``prepared`` and
     ``skipped``).  ``workers > 1`` prepares that many days at once in
     separate processes (memory: one chunk per worker; the result is the
-    same bytes).  Raises ``ValueError`` naming the setting for bad
+    same bytes).  ``parser`` is ``"columnar"`` (pyarrow, the default) or
+    ``"python"`` (the line-by-line reference): same bytes, same manifest.
+    Raises ``ValueError`` naming the setting for bad
     arguments, and for a day with more than ``max_malformed_fraction``
     malformed lines (that day is not written; finished days stay).
 
@@ -224,6 +227,8 @@ def prepare(inputs, output_dir: str, hash_buckets=KAGGLE_VOCAB_SIZES, chunk_rows
     days = _check_inputs(inputs, chunk_rows, max_malformed_fraction, vocab)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"--workers must be a positive integer, got {workers!r}")
+    if parser not in PARSERS:
+        raise ValueError(f"--parser must be one of {list(PARSERS)}, got {parser!r}")
     if workers > 1 and after_chunk is not None:
         raise ValueError("after_chunk (a test hook) needs workers=1")
     vocabulary = HashVocabulary(hash_buckets)
@@ -243,12 +248,12 @@ def prepare(inputs, output_dir: str, hash_buckets=KAGGLE_VOCAB_SIZES, chunk_rows
 
     if workers > 1 and len(todo) > 1:
         day_args = (output_dir, vocabulary.sizes, chunk_rows, max_malformed_fraction, log is not None,
-                    progress_seconds)
+                    progress_seconds, parser)
         _run_parallel(todo, min(workers, len(todo)), record, day_args)
     else:
         for path, name in todo:
             record(write_day(path, name, output_dir, vocabulary, chunk_rows, max_malformed_fraction,
-                              progress, after_chunk))
+                              progress, after_chunk, parser))
     return manifest
 
 
@@ -283,6 +288,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--vocab", default="hash", help="only 'hash' is supported here")
     parser.add_argument("--progress_seconds", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=1, help="days prepared at once (one process each)")
+    parser.add_argument("--parser", default="columnar", choices=PARSERS,
+                        help="columnar: pyarrow + NumPy (fast); python: the line-by-line reference (same bytes)")
     args = parser.parse_args(argv)
     start = time.monotonic()
     summary: dict = {}
@@ -290,7 +297,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         inputs = [p for p in args.input.split(",") if p]
         manifest = prepare(inputs, args.output_dir, _parse_buckets(args.hash_buckets), args.chunk_rows,
                            args.max_malformed_fraction, args.vocab, sys.stderr, args.progress_seconds,
-                           args.workers, summary=summary)
+                           args.workers, summary=summary, parser=args.parser)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -29,11 +29,15 @@ from typing import Callable, Iterator, Optional, TextIO
 
 import numpy as np
 
+from tfdp_sparse.data import criteo_columnar
 from tfdp_sparse.data.criteo_lines import ReadReport, finish_dense, open_text, parse_file, raw_categorical
 from tfdp_sparse.data.criteo_schema import NUM_CATEGORICAL, NUM_DENSE
 from tfdp_sparse.data.npy_append import NpyAppender
 from tfdp_sparse.data.prepared import ARRAY_NAMES, ARRAY_TAILS, TMP_PREFIX
 from tfdp_sparse.data.vocabulary import HashVocabulary
+
+# Parsers of write_day: pyarrow columns (criteo_columnar) or the line-by-line reference (criteo_lines).
+PARSERS: tuple[str, ...] = ("columnar", "python")
 
 # Called after each written chunk as after_chunk(day_name, chunks_written_so_far) (tests interrupt here).
 ChunkHook = Callable[[str, int], None]
@@ -117,8 +121,16 @@ def fsync_dir(directory: str) -> None:
 
 
 def write_day(path: str, name: str, output_dir: str, vocab: HashVocabulary, chunk_rows: int,
-               max_malformed_fraction: float, progress: Progress, after_chunk: Optional[ChunkHook]) -> dict:
-    """Write one day to ``.tmp-<name>/``, rename it to ``<name>/``; the day's manifest entry."""
+               max_malformed_fraction: float, progress: Progress, after_chunk: Optional[ChunkHook],
+               parser: str = "columnar") -> dict:
+    """Write one day to ``.tmp-<name>/``, rename it to ``<name>/``; the day's manifest entry.
+
+    ``parser`` is ``"columnar"`` (:func:`criteo_columnar.iter_chunks`) or
+    ``"python"`` (the line-by-line reference); both give the same bytes and entry.
+    """
+    if parser not in PARSERS:
+        raise ValueError(f"--parser must be one of {list(PARSERS)}, got {parser!r}")
+    iter_chunks = criteo_columnar.iter_chunks if parser == "columnar" else _iter_chunks
     stat = os.stat(path)
     tmp = os.path.join(output_dir, TMP_PREFIX + name)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -128,9 +140,10 @@ def write_day(path: str, name: str, output_dir: str, vocab: HashVocabulary, chun
     writers = {k: NpyAppender(os.path.join(tmp, f"{k}.npy"), dtypes[k], ARRAY_TAILS[k]) for k in ARRAY_NAMES}
     report = ReadReport(path)
     start = time.monotonic()
-    on_chunk = lambda pos: progress.update(name, report.parsed, pos, stat.st_size, start)  # noqa: E731
+    # Rows written so far (the columnar parser counts a whole block in report.parsed before yielding it).
+    on_chunk = lambda pos: progress.update(name, writers["label"].rows, pos, stat.st_size, start)  # noqa: E731
     try:
-        for chunks, (label, dense, cat_raw) in enumerate(_iter_chunks(path, report, chunk_rows, on_chunk), 1):
+        for chunks, (label, dense, cat_raw) in enumerate(iter_chunks(path, report, chunk_rows, on_chunk), 1):
             writers["label"].append(label)
             writers["dense"].append(dense)
             writers["cat"].append(vocab.ids(cat_raw))

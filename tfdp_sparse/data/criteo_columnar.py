@@ -45,6 +45,8 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import gzip
 import io
 from typing import BinaryIO, Callable, Iterator, Optional
@@ -69,6 +71,7 @@ for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX[bytes([_c]).upper()[0]] = _i
 
 Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]
+_UNSET = object()
 
 
 def open_binary(path: str) -> tuple[BinaryIO, BinaryIO]:
@@ -316,14 +319,23 @@ def _recheck(block: bytes, suspects: np.ndarray, row_of_line: np.ndarray, first_
     return part
 
 
-def columnar_block(block: bytes, first_line: int, path: str, report: ReadReport) -> Chunk:
+def arrow_part(block: bytes) -> Optional[tuple[pa.Table, list]]:
+    """:func:`read_block` of ``block``, or ``None`` if the block must go to the reference parser."""
+    return None if _needs_reference(block) else read_block(block)
+
+
+def columnar_block(block: bytes, first_line: int, path: str, report: ReadReport, part=_UNSET) -> Chunk:
     """``(label, dense_raw, cat_raw)`` of the well-formed lines of ``block``, counted in ``report``.
+
+    ``part`` is :func:`arrow_part` of ``block`` if already computed (in the
+    read-ahead thread of :func:`iter_chunks`).
 
     Example: a block of 3 good lines and ``"1\\t2"`` in the middle gives 3
     rows and records one field_count line at its number.
     """
-    if not _needs_reference(block):
-        table, skipped = read_block(block) or (None, [None])
+    part = arrow_part(block) if part is _UNSET else part
+    if part is not None:
+        table, skipped = part
         lines = _line_count(block)
         if None not in skipped and table.num_rows + len(skipped) == lines:
             try:
@@ -392,6 +404,25 @@ class _Rechunker:
         return label, finish_dense(dense), cat
 
 
+def _read_ahead(reader: BinaryIO, block_bytes: int) -> Iterator[tuple[bytes, Optional[tuple]]]:
+    """``(block, arrow_part(block))`` pairs; the next block is read and split by pyarrow in a
+    thread meanwhile (file reads, gzip and pyarrow release the GIL)."""
+    blocks = iter_blocks(reader, block_bytes)
+
+    def load() -> Optional[tuple]:
+        block = next(blocks, None)
+        return None if block is None else (block, arrow_part(block))
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="criteo_columnar") as pool:
+        future = pool.submit(load)
+        while True:
+            item = future.result()
+            if item is None:
+                return
+            future = pool.submit(load)
+            yield item
+
+
 def iter_chunks(path: str, report: ReadReport, chunk_rows: int,
                 on_chunk: Callable[[int], None], block_bytes: Optional[int] = None) -> Iterator[Chunk]:
     """``(label int8, dense float32 [n, 13], cat_raw int64 [n, 26])`` chunks of one file, as
@@ -403,9 +434,9 @@ def iter_chunks(path: str, report: ReadReport, chunk_rows: int,
     block_bytes = BLOCK_BYTES if block_bytes is None else block_bytes
     reader, raw = open_binary(path)
     line, rechunk = 1, _Rechunker(chunk_rows)
-    with raw, reader:
-        for block in iter_blocks(reader, block_bytes):
-            rows = columnar_block(block, line, path, report)
+    with raw, reader, contextlib.closing(_read_ahead(reader, block_bytes)) as blocks:
+        for block, part in blocks:
+            rows = columnar_block(block, line, path, report, part)
             line += _line_count(block)
             for chunk in rechunk.add(rows):
                 yield chunk

@@ -13,9 +13,14 @@ streaming, and writes one directory per input file ("day") in the layout
 Per day: ``label.npy`` (int8), ``dense.npy`` (float32 [N, 13], the reader's
 transform ``log(1 + max(x, 0))``, missing 0: ``criteo_lines.finish_dense``) and
 ``cat.npy`` (ids of the public hash vocabulary, ``vocabulary.HashVocabulary``;
-int32 when every bucket count fits, else int64).  Parsing, the malformed-line
+int32 when every bucket count fits, else int64).  The malformed-line
 reasons (field_count, label, dense, categorical) and the hash are those of
 :mod:`tfdp_sparse.data.criteo_lines` and :mod:`tfdp_sparse.data.vocabulary`.
+``--parser=columnar`` (default) splits the text with pyarrow's CSV reader and
+decodes whole columns in NumPy (:mod:`tfdp_sparse.data.criteo_columnar`,
+sending malformed lines and what pyarrow splits differently back to
+``criteo_lines``); ``--parser=python`` is the line-by-line reference.  Both
+write the same bytes and the same manifest.
 
 Only ``--vocab=hash`` is supported: the hash is public, so the prepared ids
 depend on no data (nothing lies outside the DP guarantee) and one pass suffices.  A DP vocabulary
@@ -40,9 +45,11 @@ half-written day; ``manifest["pending"]`` names the days still to do.  One
 preparer per directory at a time (a rerun deletes the ``.tmp-*`` it finds).
 ``--workers=K`` prepares K days at once in separate processes (same bytes).
 
-Throughput here (one 2-core VM shared with other jobs): 55-80k rows/s per
-process, plain or gzip (parsing in Python dominates); peak RSS about 130 MB
-for both 1M- and 5M-row days: it does not grow with the day.
+Throughput here (one 2-core VM shared with other jobs; ``benchmarks/criteo_prepare.py``,
+5M-row plain day, ``benchmarks/results/criteo_prepare.jsonl``): columnar about
+175k rows/s, peak RSS about 225 MB; ``--parser=python`` about 41k rows/s
+(55-80k on a quieter machine), peak RSS about 185 MB.  Neither grows with
+the day.
 
 Writing one day is :mod:`tfdp_sparse.data.criteo_prepare_day`; this module
 holds the manifest, the resumable plan, the worker processes and the CLI.

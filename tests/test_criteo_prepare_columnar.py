@@ -157,3 +157,34 @@ def test_only_blocks_pyarrow_would_split_differently_go_to_the_reference(days, m
     for path in days:
         chunks_and_report(path, "columnar")
     assert calls == ["day_3.gz", "day_4"]  # a byte-order mark; a lone "\r" (and bytes that are not UTF-8)
+
+
+def mutated(rng, lines, count):
+    """``lines`` as bytes with ``count`` random byte insertions / replacements / deletions."""
+    data = bytearray(encoded(lines))
+    alphabet = [b"\t", b"\r", b"\n", b"\x00", b"\xff", b"\xc3", b"-", b"0", b"a", b"G", b" ", b'"', b"\xef\xbb\xbf"]
+    for _ in range(count):
+        at = int(rng.integers(0, len(data)))
+        piece = alphabet[int(rng.integers(0, len(alphabet)))]
+        action = rng.integers(0, 3)
+        if action == 0:
+            data[at:at] = piece
+        elif action == 1:
+            data[at:at + 1] = piece
+        else:
+            del data[at]
+    return bytes(data)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fuzzed_files_match_the_reference(tmp_path, seed):
+    rng = np.random.default_rng(100 + seed)
+    files = [write(tmp_path / f"f{i}.gz", mutated(rng, random_lines(rng, 60), int(rng.integers(1, 40))), i % 2 == 1)
+             for i in range(6)]
+    files += [write(tmp_path / "empty", b""), write(tmp_path / "newline", b"\n"), write(tmp_path / "crlf", b"\r\n")]
+    for path in files:
+        want = chunks_and_report(path, "python")
+        for block_bytes in (None, 500, 5000):
+            got = chunks_and_report(path, "columnar", block_bytes)
+            assert got[1] == want[1] and got[2] == want[2]
+            assert [[a.tobytes() for a in c] for c in got[0]] == [[a.tobytes() for a in c] for c in want[0]]

@@ -68,7 +68,8 @@ def days(tmp_path):
         ("day_0", encoded(mixed_lines(rng, 80)), False),
         ("day_1.gz", encoded(mixed_lines(rng, 70)), True),
         ("day_2", encoded(mixed_lines(rng, 40), b"\r\n"), False),  # CRLF everywhere
-        ("day_3.gz", b"\xef\xbb\xbf" + encoded(random_lines(rng, 20)) + encoded([fields()])[:-1], True),  # BOM, no final \n
+        # A byte-order mark, and no final newline.
+        ("day_3.gz", b"\xef\xbb\xbf" + encoded(random_lines(rng, 20)) + encoded([fields()])[:-1], True),
         ("day_4", encoded(random_lines(rng, 10)) + b"1\t\r2\n" + fields().encode() + b"\r\r\n"
          + encoded([fields(cats=["\xff"] + GOOD_CATS[1:])]) + b"0\t\xff\xfe" + encoded(random_lines(rng, 5)), False),
         ("day_5", encoded(random_lines(rng, 30)), False),  # clean

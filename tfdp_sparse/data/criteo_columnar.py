@@ -245,15 +245,16 @@ def decode_table(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     """
     n = table.num_rows
     label, bad = decode_label(table.column(0))
-    dense = np.empty((n, NUM_DENSE), np.float64)
-    cat = np.empty((n, NUM_CATEGORICAL), np.int64)
-    for j in range(NUM_DENSE):
-        dense[:, j], flagged = decode_dense(table.column(1 + j))
-        bad |= flagged
-    for j in range(NUM_CATEGORICAL):
-        cat[:, j], flagged = decode_categorical(table.column(1 + NUM_DENSE + j))
-        bad |= flagged
-    return label, dense, cat, bad
+    dense, dense_bad = decode_dense(_stacked(table, 1, NUM_DENSE))
+    cat, cat_bad = decode_categorical(_stacked(table, 1 + NUM_DENSE, NUM_CATEGORICAL))
+    bad |= dense_bad.reshape(NUM_DENSE, n).any(axis=0) | cat_bad.reshape(NUM_CATEGORICAL, n).any(axis=0)
+    # Row-major, writable copies (rows may be overwritten by the reference parser; Arrow's are read-only).
+    return label, dense.reshape(NUM_DENSE, n).T.copy(), cat.reshape(NUM_CATEGORICAL, n).T.copy(), bad
+
+
+def _stacked(table: pa.Table, first: int, count: int) -> pa.Array:
+    """Columns ``first .. first + count - 1`` one after the other in one array (one kernel call for all)."""
+    return pa.concat_arrays([table.column(first + j).chunk(0) for j in range(count)])
 
 
 class _Disagreement(Exception):
@@ -324,7 +325,7 @@ def arrow_part(block: bytes) -> Optional[tuple[pa.Table, list]]:
     return None if _needs_reference(block) else read_block(block)
 
 
-def columnar_block(block: bytes, first_line: int, path: str, report: ReadReport, part=_UNSET) -> Chunk:
+def columnar_block(block: bytes, first_line: int, path: str, report: ReadReport, part: object = _UNSET) -> Chunk:
     """``(label, dense_raw, cat_raw)`` of the well-formed lines of ``block``, counted in ``report``.
 
     ``part`` is :func:`arrow_part` of ``block`` if already computed (in the

@@ -60,7 +60,7 @@ from tfdp_sparse.data.criteo_lines import MAX_REPORTED_LINES, ReadReport, finish
 from tfdp_sparse.data.criteo_schema import NUM_CATEGORICAL, NUM_DENSE, NUM_TSV_FIELDS
 from tfdp_sparse.data.vocabulary import MISSING
 
-BLOCK_BYTES: int = 2 << 20  # text handed to pyarrow at once (whole lines); 2 MB: fastest and ~230 MB peak here
+BLOCK_BYTES: int = 2 << 20  # text handed to pyarrow at once (whole lines); 2 MB: fastest and ~240 MB peak here
 ARROW_BLOCK_BYTES: int = 4 << 20  # pyarrow's own block size (a block is < 2 * BLOCK_BYTES: one chunk)
 MAX_DENSE_CHARS: int = 15  # longer dense fields go to the reference parser (exactness)
 _BOM = b"\xef\xbb\xbf"

@@ -14,7 +14,7 @@ malformed-line counts and reasons).
 
 Example::
 
-    python -m benchmarks.criteo_prepare --rows=5000000 --output=benchmarks/results/criteo_prepare.jsonl
+    python -m benchmarks.criteo_prepare --rows=5000000 --output=docs/results/criteo_prepare.jsonl
     python -m benchmarks.criteo_prepare --smoke
 
 Output (fields abridged)::

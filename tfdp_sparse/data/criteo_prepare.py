@@ -46,7 +46,7 @@ preparer per directory at a time (a rerun deletes the ``.tmp-*`` it finds).
 ``--workers=K`` prepares K days at once in separate processes (same bytes).
 
 Throughput here (one 2-core VM shared with other jobs; ``benchmarks/criteo_prepare.py``,
-5M-row plain day, 2 alternating rounds, ``benchmarks/results/criteo_prepare.jsonl``):
+5M-row plain day, 2 alternating rounds, ``docs/results/criteo_prepare.jsonl``):
 columnar about 195k rows/s, peak RSS about 240 MB; ``--parser=python`` about
 46k rows/s (55-80k on a quieter machine), peak RSS about 180 MB.  Neither
 grows with the day.

@@ -378,7 +378,8 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                               allow_coupled_loss=allow_coupled_loss, noise_seed=noise_seed)
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"make_private needs a tf.keras Model, got {type(model).__name__}")
-    if not model.built and not model.weights:  # a subclassed model built by compute_loss has weights, not .built
+    built_layers = [m for m in model.submodules if isinstance(m, tf.keras.layers.Layer) and m.built]
+    if not model.built and not built_layers:  # a subclassed model built by compute_loss has built layers only
         raise ValueError("build the model before make_private (call it on a batch of inputs): its layers get their "
                          "clipping rules then")
     mechanism = _resolve_mechanism(privacy, config, model)

@@ -49,3 +49,32 @@ def test_time_distributed_other_layer_is_one_opaque_fallback():
     recorded = recorder.take()
     assert not any(isinstance(t, EinsumDenseTap) for t in recorded)  # no taps with B*T "examples"
     assert any(isinstance(t, GenericTap) and t.layer.name == "per_step" for t in recorded)
+
+
+def test_time_distributed_embedding_is_one_lookup_of_batch_b_and_equals_the_plain_embedding():
+    """TimeDistributed(Embedding) used to fail with a raw shape error; now it clips like the Embedding itself."""
+    from tests.clip_reference import ghost, mse
+    from tfdp_sparse.clipping.taps import EmbeddingTap
+
+    rng = np.random.default_rng(2)
+    ids = tf.constant(rng.integers(0, 7, (5, 3, 2)), tf.int64)  # Keras' TimeDistributed needs rank >= 3
+    y = tf.constant(rng.normal(size=(5, 2)))
+
+    def build(wrapped: bool):
+        tf.keras.utils.set_random_seed(0)
+        inputs = tf.keras.Input(shape=(3, 2), dtype=tf.int64)
+        table = tf.keras.layers.Embedding(7, 4, name="table")
+        h = tf.keras.layers.TimeDistributed(table)(inputs) if wrapped else table(inputs)
+        return tf.keras.Model(inputs, tf.keras.layers.Dense(2, name="head")(tf.keras.layers.Flatten()(h)))
+
+    wrapped, plain = build(True), build(False)
+    plain.set_weights(wrapped.get_weights())
+    ours, reference = ghost(wrapped, ids, y, mse, 0.05), ghost(plain, ids, y, mse, 0.05)
+    np.testing.assert_allclose(ours.norms.numpy(), reference.norms.numpy(), rtol=1e-12)
+    for a, b in zip(ours.grads, reference.grads):
+        np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(), rtol=1e-12)
+    recorder = attach_taps(wrapped)
+    with tf.GradientTape():
+        wrapped(ids, training=True)
+    lookups = [t for t in recorder.take() if isinstance(t, EmbeddingTap)]
+    assert len(lookups) == 1 and lookups[0].ids.shape.as_list()[0] == 5

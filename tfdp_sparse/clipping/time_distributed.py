@@ -1,4 +1,4 @@
-"""Per-example clipping for ``TimeDistributed(Dense)``.
+"""Per-example clipping for ``TimeDistributed(Dense)`` and ``TimeDistributed(Embedding)``.
 
 ``TimeDistributed`` folds time into the batch (``[B, T, in] -> [B*T, in]``)
 before calling its inner layer, so the inner ``Dense`` would record a tap with
@@ -9,7 +9,9 @@ rule calls the inner ``Dense`` on the unfolded input: one
 :class:`~tfdp_sparse.clipping.taps.DenseTap` with batch ``B`` and ``T``
 positions, whose per-example gradient sums over the time steps
 (:mod:`tfdp_sparse.clipping.dense`, Li et al. 2022). The output is the
-same as ``TimeDistributed``'s.
+same as ``TimeDistributed``'s. ``TimeDistributed(Embedding)`` likewise looks
+up ``[B, T, ...]`` ids with the inner ``Embedding`` directly: one
+:class:`~tfdp_sparse.clipping.taps.EmbeddingTap` with batch ``B``.
 
 Another inner layer holding only trainable variables makes the whole
 ``TimeDistributed`` one opaque layer for the exact generic fallback
@@ -37,6 +39,10 @@ def time_distributed_rule(layer: tf.keras.layers.TimeDistributed, recorder: taps
     covered = recorder.is_active() and isinstance(inputs, tf.Tensor) and (inputs.shape.rank or 0) >= 3
     if dense_inner and covered and mask is None and not args and not kwargs:
         return layer.layer(inputs)
+    lookup_inner = type(layer.layer) is tf.keras.layers.Embedding
+    ids_covered = recorder.is_active() and isinstance(inputs, tf.Tensor) and (inputs.shape.rank or 0) >= 2
+    if lookup_inner and ids_covered and mask is None and not args and not kwargs:
+        return layer.layer(inputs)  # an Embedding on [B, T, ...] ids is TimeDistributed's output: one tap of batch B
     if generic.needs_fallback(layer.layer, lambda sub: False):
         return generic.opaque_rule(layer, recorder, call, inputs, *args, training=training, mask=mask, **kwargs)
     return call(inputs, *args, training=training, mask=mask, **kwargs)

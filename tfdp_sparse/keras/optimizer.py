@@ -190,9 +190,6 @@ class DPOptimizer(tf.keras.optimizers.SGD):
 
     def recorder(self) -> TapRecorder:
         """The recorder the attached model's layers write taps to (clear it before a forward pass)."""
-        return self._recorder()
-
-    def _recorder(self) -> TapRecorder:
         attachment = self._attachment
         model = attachment.model() if attachment is not None else None
         if model is None:
@@ -258,7 +255,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         if tape is None:
             raise ValueError("DPOptimizer needs the GradientTape that recorded the forward pass")
         var_list = list(var_list() if callable(var_list) else var_list)
-        recorded = self._recorder().take()
+        recorded = self.recorder().take()
         clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip)
         # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
         # map uses them; unused, their ops are pruned from the traced step).

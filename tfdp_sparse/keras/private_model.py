@@ -52,7 +52,7 @@ from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.private_config import PrivateFitConfig
 from tfdp_sparse.accounting.step_accounting import StepAccounting
 from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, RunCharge, epsilon_of, sync_ledger
-from tfdp_sparse.keras.regularization import regularization_gradients, regularization_loss
+from tfdp_sparse.keras.regularization import regularization_gradients
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.calibration import calibrate, check_accountant, step_event_of
 from tfdp_sparse.mechanisms.tables import table_infos
@@ -162,12 +162,11 @@ class PrivateModel(tf.keras.Model):
         x, y, _ = tf.keras.utils.unpack_x_y_sample_weight(data)
         recorder = self.dp_optimizer.recorder()
         recorder.clear()
-        with tf.GradientTape() as reg_tape, tf.GradientTape() as tape:
+        with tf.GradientTape() as tape:
             predictions, per_example = self._per_example_loss(x, y, training=True)
             per_example = tf.cast(per_example, tf.float32)  # mixed precision: clip and noise in float32
-            regularization = regularization_loss(self.model)
         variables = self.model.trainable_variables
-        reg_grads = regularization_gradients(regularization, reg_tape, variables)
+        reg_grads = regularization_gradients(self.model, variables)
         step = self.dp_optimizer.private_step(per_example, variables, tape, regularization_grads=reg_grads)
         with tf.control_dependencies([step]):
             counted = self.privacy_state.count_step(tf.shape(per_example)[0])

@@ -15,10 +15,9 @@ that no per-example clipping covers: it is refused with
 
 Example::
 
-    with tf.GradientTape() as reg_tape, tf.GradientTape() as tape:
+    with tf.GradientTape() as tape:
         per_example = loss_fn(y, model(x, training=True))
-        reg = regularization_loss(model)
-    grads = regularization_gradients(reg, reg_tape, model.trainable_variables)
+    grads = regularization_gradients(model, model.trainable_variables)
     optimizer.private_step(per_example, model.trainable_variables, tape, regularization_grads=grads)
 """
 
@@ -57,7 +56,8 @@ def _data_placeholders(tensor: tf.Tensor) -> list:
 def regularization_loss(model: tf.keras.layers.Layer) -> Optional[tf.Tensor]:
     """The sum of ``model.losses`` (float32), or ``None``; refuses losses that depend on the batch.
 
-    Call it inside the tapes of the forward pass. In a traced step (a
+    Weight regularizers are evaluated when ``model.losses`` is read, so a
+    tape opened around this call alone records them. In a traced step (a
     ``tf.function``, as ``fit`` and :class:`PrivateStep` run) each loss is
     checked to depend on no input of the step; eagerly the check is skipped
     (Keras' own ``run_eagerly=True`` is refused by ``make_private``).
@@ -77,9 +77,14 @@ def regularization_loss(model: tf.keras.layers.Layer) -> Optional[tf.Tensor]:
     return tf.add_n([tf.cast(tf.convert_to_tensor(l), tf.float32) for l in losses])
 
 
-def regularization_gradients(loss: Optional[tf.Tensor], tape: tf.GradientTape,
-                             variables: Sequence[tf.Variable]) -> Optional[list]:
-    """``d loss / d variables`` (``None`` entries where a variable has no regularizer), or ``None`` without loss."""
+def regularization_gradients(model: tf.keras.layers.Layer, variables: Sequence[tf.Variable]) -> Optional[list]:
+    """``d sum(model.losses) / d variables`` (``None`` entries where a variable has no regularizer), or ``None``.
+
+    Call it after the forward pass: its own tape records only the
+    regularizers, so the forward pass is not recorded twice.
+    """
+    with tf.GradientTape() as tape:
+        loss = regularization_loss(model)
     if loss is None:
         return None
     return tape.gradient(loss, list(variables), unconnected_gradients=tf.UnconnectedGradients.NONE)

@@ -14,7 +14,7 @@ from typing import Callable
 import tensorflow as tf
 
 from tfdp_sparse.keras.optimizer import DPOptimizer
-from tfdp_sparse.keras.regularization import regularization_gradients, regularization_loss
+from tfdp_sparse.keras.regularization import regularization_gradients
 
 PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 
@@ -49,12 +49,11 @@ class PrivateStep:
 
     def _run(self, features, labels):
         self._recorder.clear()
-        with tf.GradientTape() as reg_tape, tf.GradientTape() as tape:
+        with tf.GradientTape() as tape:
             predictions = self.model(features, training=True)
             per_example_loss = self.loss_fn(labels, predictions)
-            regularization = regularization_loss(self.model)
         variables = self.model.trainable_variables  # after the call: it builds an unbuilt model
-        reg_grads = regularization_gradients(regularization, reg_tape, variables)
+        reg_grads = regularization_gradients(self.model, variables)
         self.optimizer.private_step(per_example_loss, variables, tape, regularization_grads=reg_grads)
         return {
             "loss": tf.reduce_mean(per_example_loss),

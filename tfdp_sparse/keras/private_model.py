@@ -301,7 +301,7 @@ class PrivateModel(tf.keras.Model):
         plan = self.mechanism.plan
         out = {
             "algorithm": plan.name,
-            "epsilon": self.epsilon(),
+            "epsilon": epsilon_of(ledger, self._charge),
             "delta": self._charge.delta,
             "noise_multiplier": plan.describe().get("noise_multiplier"),
             "l2_norm_clip": self.mechanism.l2_norm_clip,

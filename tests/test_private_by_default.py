@@ -26,6 +26,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.mechanisms import adafest
 from tfdp_sparse.noise_source import NoiseSource
 from trainers import loop as loop_lib
+from trainers import pctr_data
 from trainers import train_pctr as tp
 
 N, N_EVAL, B = 400, 200, 64
@@ -232,7 +233,7 @@ def test_saved_model_holds_no_generator_state_or_lazy_history(tmp_path):
     dtypes = reader.get_variable_to_dtype_map()
     names = [k for k in shapes if k != "_CHECKPOINTABLE_OBJECT_GRAPH"]
     model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=tuple(
-        tp.synthetic.SyntheticCriteoConfig(num_examples=N, vocab_scale=0.01).table_sizes), hidden=HIDDEN))
+        pctr_data.synthetic.SyntheticCriteoConfig(num_examples=N, vocab_scale=0.01).table_sizes), hidden=HIDDEN))
     assert len(names) == len(model.weights)  # exactly the model's weights
     assert sorted(tuple(shapes[k]) for k in names) == sorted(tuple(w.shape.as_list()) for w in model.weights)
     assert all(dtypes[k] == tf.float32 for k in names)  # no int64 generator state, no step history

@@ -42,12 +42,13 @@ def test_toy_noise_is_two_sigma_c_on_touched_rows(registered):
 
 
 def test_toy_trains_through_the_pctr_trainer(registered):
+    from trainers import pctr_data
     from trainers import train_pctr as tp
 
     run = tp.PctrRun(
         privacy=PrivacyConfig(algorithm=TOY, noise_multiplier=1.0, extra=(("factor", 2.0),)),
         loop=loop_lib.LoopConfig(batch_size=32, steps=3, learning_rate=1.0, dense_optimizer="sgd"),
-        data=tp.DataConfig(num_examples=300, num_eval_examples=100, vocab_scale=0.01), hidden=(8,))
+        data=pctr_data.DataConfig(num_examples=300, num_eval_examples=100, vocab_scale=0.01), hidden=(8,))
     metrics = tp.train_and_evaluate(run)
     assert metrics["algorithm"] == TOY and metrics["steps"] == 3 and metrics["factor"] == 2.0
     assert metrics["epsilon"] is None and metrics["private"] is False

@@ -28,6 +28,7 @@ from tfdp_sparse.layers.tpu import EmbeddingBackend
 from tfdp_sparse.layers.tpu.private_step import api_input
 from tests import test_tpu_support as h
 from trainers import loop as loop_lib
+from trainers import pctr_data
 from trainers import train_pctr as tp
 
 PRIVACY = {
@@ -47,7 +48,7 @@ def _run(algorithm: str, backend: EmbeddingBackend, steps: int = 4) -> tp.PctrRu
     loop = loop_lib.LoopConfig(batch_size=32, steps=steps, learning_rate=0.5, seed=0, log_every=10, noise_seed=3,
                                calibrate_noise=False,
                                performance=loop_lib.PerformanceFlags(embedding_backend=backend))
-    data = tp.DataConfig(num_examples=300, num_eval_examples=200, vocab_scale=0.005, seed=0)
+    data = pctr_data.DataConfig(num_examples=300, num_eval_examples=200, vocab_scale=0.005, seed=0)
     return tp.PctrRun(privacy=PRIVACY[algorithm], loop=loop, data=data, hidden=(8,))
 
 

@@ -29,6 +29,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import synthetic
 from trainers import loop as loop_lib
 from trainers import report
+from trainers import pctr_data
 from trainers import train_pctr as tp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,10 +37,10 @@ N, N_EVAL, B = 400, 300, 64
 HIDDEN = (16,)
 
 
-def data_config(**kw) -> tp.DataConfig:
+def data_config(**kw) -> pctr_data.DataConfig:
     base = dict(num_examples=N, num_eval_examples=N_EVAL, vocab_scale=0.01, seed=0)
     base.update(kw)
-    return tp.DataConfig(**base)
+    return pctr_data.DataConfig(**base)
 
 
 def make_run(privacy=None, steps=10, model_dir=None, export_dir=None, data=None, dense_optimizer="sgd",
@@ -288,7 +289,7 @@ def test_criteo_tsv_counts_and_reports_malformed_lines(tmp_path, caplog):
     lines.insert(20, lines[21].replace("\t", "\tzz", 1))  # non-integer dense feature
     path = tmp_path / "train.txt"
     path.write_text("".join(line + "\n" for line in lines))
-    data = tp.DataConfig(source=str(path), eval_fraction=0.2, max_malformed_fraction=0.05)
+    data = pctr_data.DataConfig(source=str(path), eval_fraction=0.2, max_malformed_fraction=0.05)
     metrics = tp.train_and_evaluate(make_run(steps=5, batch_size=32, data=data))
     assert metrics["data"] == str(path)
     assert metrics["lines"] == 302 and metrics["malformed"] == 2

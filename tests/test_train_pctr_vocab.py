@@ -24,6 +24,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from tfdp_sparse.data import criteo, dp_vocabulary
 from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES
 from tfdp_sparse.data.vocabulary import VocabularyKind
+from trainers import pctr_data
 from trainers import train_pctr as tp
 
 N, EVAL_FRACTION, B = 600, 0.2, 32
@@ -99,7 +100,7 @@ def test_public_vocabulary_file_is_named_outside_the_guarantee(tmp_path, tsv):
     vocab_path = str(tmp_path / "vocab.json")
     criteo.save_vocabularies(criteo.build_vocabularies([public], min_count=2), vocab_path)
     fv = parse_flags(*COMMON, f"--data={tsv}", "--steps=3", "--vocab=file", f"--vocab_file={vocab_path}")
-    data = tp.load_data(tp.run_from_flags(fv).data)  # (the training itself is that of the other runs)
+    data = pctr_data.load_data(tp.run_from_flags(fv).data)  # (the training itself is that of the other runs)
     info = data.info
     assert info["vocab"] == "file" and info["vocab_file"] == vocab_path and data.pre_training == ()
     assert data.vocab_sizes == (2,) * 26  # only the frequent strings are seen twice in the public file
@@ -128,12 +129,12 @@ def test_dp_vocabulary_is_charged_and_reused_on_resume(tmp_path, tsv):
     assert first["epsilon"] == pytest.approx(pld_epsilon([vocab_event, training_event(3)], accounting_delta),
                                              rel=1e-2)
     assert first["epsilon"] > pld_epsilon([training_event(3)], 1e-4) + 0.5
-    saved = dp_vocabulary.load_dp_vocabulary(os.path.join(model_dir, tp.DP_VOCAB_FILE), config)
+    saved = dp_vocabulary.load_dp_vocabulary(os.path.join(model_dir, pctr_data.DP_VOCAB_FILE), config)
     assert saved.vocabulary.strings == tuple((frequent_string(f),) for f in range(26))
     # A resume reuses the released vocabulary (and its event, which the loop does not record again).
     resume = tp.run_from_flags(parse_flags(*COMMON, f"--data={tsv}", "--steps=5", "--vocab=dp",
                                            "--vocab_epsilon=4", f"--model_dir={model_dir}"))
-    data = tp.load_data(resume.data, run_delta=1e-4, model_dir=model_dir)
+    data = pctr_data.load_data(resume.data, run_delta=1e-4, model_dir=model_dir)
     assert data.pre_training[0].event == vocab_event and data.pre_training[0].extra_delta == config.extra_delta
     assert data.vocab_sizes == (2,) * 26
     with pytest.raises(ValueError, match="holds a DP vocabulary released with"):
@@ -157,9 +158,9 @@ def test_vocab_flags():
                         (["--vocab=dp"], "synthetic data has public tables")]:
         run_ = tp.run_from_flags(parse_flags("--steps=1", "--noise_multiplier=1", *argv))
         with pytest.raises(ValueError, match=match):
-            tp.check_vocab_settings(run_.data)
+            pctr_data.check_vocab_settings(run_.data)
 
 
 def test_synthetic_data_has_nothing_outside_the_guarantee():
-    data = tp.load_data(tp.DataConfig(num_examples=50, num_eval_examples=20, vocab_scale=0.01))
+    data = pctr_data.load_data(pctr_data.DataConfig(num_examples=50, num_eval_examples=20, vocab_scale=0.01))
     assert data.info["outside_guarantee"] == [] and data.pre_training == ()

@@ -20,6 +20,7 @@ from tfdp_sparse.optimizers import TableAdagrad, TableAdam, TableFTRL, TableSGD
 from trainers import common_flags
 from trainers import loop as loop_lib
 from trainers import train_dual_encoder as tde
+from trainers import pctr_data
 from trainers import train_pctr as tp
 from trainers.lib.cluster import check_cluster_settings
 from trainers.lib.prepare import make_table_optimizer, table_rule_of
@@ -31,7 +32,7 @@ DPSGD = PrivacyConfig(algorithm="dpsgd", noise_multiplier=1.0, l2_norm_clip=1.0)
 def tiny_run(privacy: PrivacyConfig = DPSGD, **loop_kw) -> tp.PctrRun:
     loop = loop_lib.LoopConfig(batch_size=B, steps=STEPS, learning_rate=1.0, seed=0, log_every=STEPS,
                                noise_seed=3, **loop_kw)
-    data = tp.DataConfig(num_examples=N, num_eval_examples=N_EVAL, vocab_scale=0.01, seed=0)
+    data = pctr_data.DataConfig(num_examples=N, num_eval_examples=N_EVAL, vocab_scale=0.01, seed=0)
     return tp.PctrRun(privacy=privacy, loop=loop, data=data, hidden=(16,))
 
 

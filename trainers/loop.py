@@ -36,12 +36,16 @@ Budget (DESIGN §4). With ``privacy.target_epsilon``:
 * ``calibrate_noise=False``: σ is kept and training stops before the step
   that would exceed the target; ``TrainResult.stop_reason`` says so.
 
-The stages live in :mod:`trainers.lib` (one concept each): ``config``
-(run settings), ``privacy`` (δ, σ calibration on plans, accountant),
-``checkpoints`` (resume, secret checkpoints), ``prepare`` (settings checks,
-optimizer, opened ledger), ``budget`` (steps the budget allows), ``steps``
-(the step loop, one ledger entry per executed step, progress) and
-``result``. This module composes them.
+The setup (δ, σ calibrated on plans, the mechanism bound to the model, the
+optimizer, the opened ledger) is :func:`tfdp_sparse.keras.private_setup.prepare_private`
+and the Keras step is :func:`tfdp_sparse.keras.step.private_train_step`: the
+same setup and the same step as :func:`tfdp_sparse.keras.make_private`'s
+``fit``. The trainer's own stages live in :mod:`trainers.lib` (one concept
+each): ``config`` (run settings), ``privacy`` and ``prepare`` (settings
+checks, ``LoopConfig`` mapped onto the setup), ``checkpoints`` (resume,
+secret checkpoints), ``budget`` (steps the budget allows), ``steps`` (the
+step loop, one ledger entry per executed step, progress) and ``result``.
+This module composes them.
 
 Example::
 
@@ -63,6 +67,7 @@ import tensorflow as tf
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data.sampling import BatchSampler
 from tfdp_sparse.keras import DPOptimizer
+from tfdp_sparse.keras.private_setup import prepare_private
 from tfdp_sparse.noise_source import NoiseSource
 from trainers import tensorboard
 from trainers.lib import steps as steps_lib
@@ -71,11 +76,10 @@ from trainers.lib.checkpoints import RunCheckpoint, find_saved_run, run_identity
 from trainers.lib.config import LoopConfig, PerformanceFlags, PreTrainingRelease
 from trainers.lib.prepare import (
     Features,
-    build_optimizer,
     default_features,
     make_dense_optimizer,
     make_table_optimizer,
-    open_ledger,
+    setup_options,
     table_rule_of,
     validate_run,
 )
@@ -84,8 +88,7 @@ from trainers.lib.privacy import (
     calibrate,
     charged_before_steps,
     check_accountant,
-    resolve_privacy,
-    step_event_of,
+    run_shape,
     with_default_delta,
 )
 from trainers.lib.result import TrainResult, finish, mark_void
@@ -152,32 +155,28 @@ def train_privately(
     calibrating = privacy.target_epsilon is not None and loop.calibrate_noise
     identity = run_identity(privacy, calibrating)
     saved = find_saved_run(loop.model_dir, identity)  # a run in model_dir: same settings; σ and ledger from it
-    resolved = resolve_privacy(privacy, loop, n, model, pre_training, sensitivity_caveat, saved)
+    options = setup_options(loop, pre_training, selection_counts, sensitivity_caveat, saved, optimizer)
+    setup = prepare_private(model, privacy, run_shape(loop, n), options)  # the setup make_private uses
+    resolved, optimizer, ledger = setup.resolved, setup.optimizer, setup.ledger
     noise = NoiseSource(loop.noise_seed)
     if not noise.is_secure:
         log.warning("NOT PRIVATE: %s (LoopConfig.noise_seed / --noise_seed is for tests and debugging)",
                     noise.not_private_reason)
-
-    optimizer = build_optimizer(resolved, loop, model, optimizer)
     mechanism = optimizer.mechanism
-    event, not_private = step_event_of(mechanism.plan, resolved.q)
     step_fn = steps_lib.make_step(model, loss_fn, optimizer, loop, tpu_split)
     checkpoint = RunCheckpoint.open(loop.model_dir, model, optimizer, identity, resolved.privacy.noise_multiplier)
     if saved is not None:
         ledger = checkpoint.restore(saved)
-    else:
-        ledger = open_ledger(mechanism, pre_training, sensitivity_caveat, selection_counts)
     mark_void(ledger, noise, resolved.privacy)  # before the first checkpoint: the marks outlive this run
     start = ledger.steps
-    planned, stop_reason = plan_steps(ledger, event, loop, resolved)
+    planned, stop_reason = plan_steps(ledger, setup.accounting.event, loop, resolved)
 
     features = features or default_features(arrays)
     sampler = BatchSampler(resolved.privacy.sampling, n, loop.batch_size, noise)
     signature, batches = steps_lib.sampled_batches(sampler, lambda idx: features(arrays, idx), start, planned)
     compiled, batches = steps_lib.compile_step(step_fn, signature, batches, loop)
     board = tensorboard.open_training_log(loop.tensorboard_dir, clipped=mechanism.l2_norm_clip is not None)
-    charge = steps_lib.StepAccounting(event, not_private, resolved.delta, resolved.privacy.accountant)
-    stats = steps_lib.run_steps(compiled, batches, start, planned, ledger, charge, loop, board, checkpoint)
+    stats = steps_lib.run_steps(compiled, batches, start, planned, ledger, setup.accounting, loop, board, checkpoint)
     if board is not None:
         board.close()
     mechanism.flush()

@@ -30,7 +30,7 @@ import numpy as np
 from experiments.sweep.grid import PUBLIC_SAMPLE_SEED, SweepConfig
 from tfdp_sparse.data import synthetic
 from tfdp_sparse.selection import frequency
-from trainers import train_pctr
+from trainers import pctr_data
 
 log = logging.getLogger("tfdp_sparse.sweep")
 
@@ -57,7 +57,7 @@ def write_frequency_file(path: str, cat: np.ndarray, vocab_sizes: Sequence[int])
 
 def prepare_data(config: SweepConfig) -> SweepData:
     """Training/evaluation data (the trainer's loader), the public prior and the dense standardisation."""
-    data = train_pctr.load_data(train_pctr.DataConfig(
+    data = pctr_data.load_data(pctr_data.DataConfig(
         num_examples=config.num_examples, num_eval_examples=config.num_eval_examples,
         vocab_scale=config.vocab_scale, seed=config.data_seed))
     train, evaluation, vocab_sizes, info = data.train, data.evaluation, data.vocab_sizes, data.info
@@ -74,6 +74,6 @@ def prepare_data(config: SweepConfig) -> SweepData:
         std = public["dense"].std(axis=0) + 1e-6
         train = dict(train, dense=((train["dense"] - mean) / std).astype(np.float32))
         evaluation = dict(evaluation, dense=((evaluation["dense"] - mean) / std).astype(np.float32))
-    train_pctr.check_features(train, vocab_sizes, "training data")
-    train_pctr.check_features(evaluation, vocab_sizes, "evaluation data")
+    pctr_data.check_features(train, vocab_sizes, "training data")
+    pctr_data.check_features(evaluation, vocab_sizes, "evaluation data")
     return SweepData(train, evaluation, tuple(vocab_sizes), info, path, mean, std)

@@ -40,7 +40,7 @@ from tfdp_sparse import accounting, mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from trainers import loop as loop_lib
 from trainers import summary
-from trainers import train_pctr
+from trainers import pctr_data
 
 log = logging.getLogger("tfdp_sparse.sweep")
 
@@ -101,7 +101,7 @@ def _privacy_config(spec: RunSpec, config: SweepConfig, data: SweepData, delta: 
         delta=delta, target_epsilon=config.target_epsilon if private else None,
         accountant=accountant, extra=tuple(knobs.items()),
     )
-    return train_pctr.cap_k(privacy, data.vocab_sizes).validate(), knobs
+    return pctr_data.cap_k(privacy, data.vocab_sizes).validate(), knobs
 
 
 def _train_and_evaluate(config: SweepConfig, data: SweepData, privacy: PrivacyConfig,
@@ -114,11 +114,11 @@ def _train_and_evaluate(config: SweepConfig, data: SweepData, privacy: PrivacyCo
     t0 = time.perf_counter()
     result = loop_lib.train_privately(
         model, pctr.per_example_loss, data.train, privacy, loop,
-        selection_counts=lambda: train_pctr.selection_counts(data.train["cat"], data.vocab_sizes),
+        selection_counts=lambda: pctr_data.selection_counts(data.train["cat"], data.vocab_sizes),
     )
     seconds["train_total"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    auc = train_pctr.evaluate_auc(model, data.evaluation)
+    auc = pctr_data.evaluate_auc(model, data.evaluation)
     seconds["evaluation"] = time.perf_counter() - t0
     return result, auc, seconds
 

@@ -188,6 +188,10 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         self.prebuild(model)
         return recorder
 
+    def is_attached_to(self, model: tf.keras.Model) -> bool:
+        """True when :meth:`attach` was called with ``model`` (and it is alive)."""
+        return self._attachment is not None and self._attachment.model() is model
+
     def recorder(self) -> TapRecorder:
         """The recorder the attached model's layers write taps to (clear it before a forward pass)."""
         attachment = self._attachment

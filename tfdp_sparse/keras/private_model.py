@@ -37,12 +37,11 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Optional, Protocol, Union, runtime_checkable
+from typing import Any, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse import mechanisms as mechanisms_lib
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.config import PrivacyConfig
@@ -50,12 +49,11 @@ from tfdp_sparse.data.sampling import ArrayGather, PoissonSampler, sampled_batch
 from tfdp_sparse.keras.coupling import check_no_coupling
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.private_config import PrivateFitConfig
-from tfdp_sparse.accounting.step_accounting import StepAccounting
+from tfdp_sparse.keras.private_setup import RunShape, SelectionCounts, SetupOptions, prepare_private
+from tfdp_sparse.accounting.releases import PreTrainingRelease
 from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, RunCharge, epsilon_of, sync_ledger
-from tfdp_sparse.keras.regularization import regularization_gradients
+from tfdp_sparse.keras.step import private_train_step
 from tfdp_sparse.mechanisms.base import Mechanism
-from tfdp_sparse.mechanisms.calibration import calibrate, check_accountant, step_event_of
-from tfdp_sparse.mechanisms.tables import table_infos
 from tfdp_sparse.noise_source import NoiseSource
 
 log = logging.getLogger("tfdp_sparse.keras")
@@ -160,14 +158,8 @@ class PrivateModel(tf.keras.Model):
 
     def train_step(self, data):
         x, y, _ = tf.keras.utils.unpack_x_y_sample_weight(data)
-        recorder = self.dp_optimizer.recorder()
-        recorder.clear()
-        with tf.GradientTape() as tape:
-            predictions, per_example = self._per_example_loss(x, y, training=True)
-            per_example = tf.cast(per_example, tf.float32)  # mixed precision: clip and noise in float32
-        variables = self.model.trainable_variables
-        reg_grads = regularization_gradients(self.model, variables)
-        step = self.dp_optimizer.private_step(per_example, variables, tape, regularization_grads=reg_grads)
+        forward = lambda bx, by: self._per_example_loss(bx, by, training=True)  # noqa: E731
+        predictions, per_example, step = private_train_step(self.model, forward, self.dp_optimizer, x, y)
         with tf.control_dependencies([step]):
             counted = self.privacy_state.count_step(tf.shape(per_example)[0])
         with tf.control_dependencies(counted):
@@ -320,27 +312,6 @@ class PrivateModel(tf.keras.Model):
         return out
 
 
-def _resolve_mechanism(privacy: Union[PrivacyConfig, Mechanism], config: PrivateFitConfig, model) -> Mechanism:
-    """The mechanism to train with: built from ``privacy`` (σ calibrated for a target ε) or given."""
-    if isinstance(privacy, Mechanism):
-        return privacy
-    if not isinstance(privacy, PrivacyConfig):
-        raise TypeError(f"privacy must be a PrivacyConfig or a tfdp_sparse Mechanism, got {type(privacy).__name__}")
-    privacy.validate()
-    if privacy.sampling != "poisson":
-        raise ValueError("make_private feeds Poisson batches: PrivacyConfig(sampling='shuffle') is not supported "
-                         "(pass a batched tf.data.Dataset to fit for the labelled approximation)")
-    target = privacy.target_epsilon if privacy.target_epsilon is not None else config.target_epsilon
-    if target is not None:
-        delta = config.resolved_delta
-        privacy = dataclasses.replace(privacy, delta=delta, target_epsilon=target)
-        setup = mechanisms_lib.plan(privacy).setup_event(table_infos(model))
-        privacy = calibrate(privacy, config.sampling_rate, config.total_steps, delta, setup)
-        log.info("calibrated noise_multiplier=%.4f for epsilon=%s at delta=%.3g over %d steps",
-                 privacy.noise_multiplier, target, delta, config.total_steps)
-    return mechanisms_lib.build(privacy, seed=config.noise_seed)
-
-
 def _outside_guarantee(model) -> tuple:
     from tfdp_sparse.clipping.coverage import data_dependent_state
 
@@ -351,9 +322,13 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                  batch_size: int, epochs: Optional[int] = None, steps: Optional[int] = None, learning_rate=0.1,
                  loss=None, delta: Optional[float] = None, target_epsilon: Optional[float] = None,
                  allow_coupled_loss: Optional[str] = None, noise_seed: Optional[int] = None, table_optimizer=None,
-                 dense_optimizer=None, registry: Optional[LayerRegistry] = None, accountant: str = "pld"
+                 dense_optimizer=None, registry: Optional[LayerRegistry] = None, accountant: str = "pld",
+                 pre_training: Sequence[PreTrainingRelease] = (), selection_counts: Optional[SelectionCounts] = None
                  ) -> PrivateModel:
     """Wraps a built ``model`` for private training (see module doc); returns the :class:`PrivateModel`.
+
+    The setup (δ, σ, mechanism, optimizer, ledger) is :func:`~tfdp_sparse.keras.private_setup.prepare_private`,
+    the one the trainers use.
 
     Args:
       model: a built Keras model (call it on a batch first), or a ``tfrs.Model``.
@@ -365,6 +340,10 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
       table_optimizer / dense_optimizer: post-processing optimizers (see :class:`DPOptimizer`).
       registry: clipping rules (default: the toolkit's).
       accountant: ``"pld"`` or ``"rdp"`` (a given ``PrivacyConfig`` brings its own).
+      pre_training: data-dependent releases made before training (a DP vocabulary): charged first,
+        included in σ calibration, their ``extra_delta`` paid from δ.
+      selection_counts: ``() -> counts per table`` of the training data, for a private selection
+        (DP-FEST / DP-AdaFEST+ with ``selection_epsilon``).
     """
     if isinstance(privacy, PrivacyConfig):
         for name, given, configured in (("delta", delta, privacy.delta),
@@ -381,28 +360,31 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
     if not model.built and not built_layers:  # a subclassed model built by compute_loss has built layers only
         raise ValueError("build the model before make_private (call it on a batch of inputs): its layers get their "
                          "clipping rules then")
-    mechanism = _resolve_mechanism(privacy, config, model)
-    if mechanism.needs_private_selection:
-        raise ValueError(f"{mechanism.name} with selection_epsilon selects rows privately from training counts, "
-                         "which make_private does not compute: use a public frequency_file, or the trainers")
-    accountant = privacy.accountant if isinstance(privacy, PrivacyConfig) else accountant
-    check_accountant(mechanism.plan, accountant)
-    mechanism.bind_model(model)
-    optimizer = DPOptimizer(mechanism, learning_rate=learning_rate, expected_batch_size=batch_size,
-                            dense_optimizer=dense_optimizer, table_optimizer=table_optimizer)
-    optimizer.attach(model, registry)
-    ledger = PrivacyLedger()
-    setup = mechanism.plan.setup_event(table_infos(model))
-    if setup is not None:
-        ledger.record(setup)
-    event, reason = step_event_of(mechanism.plan, config.sampling_rate)
-    target = privacy.target_epsilon if isinstance(privacy, PrivacyConfig) and privacy.target_epsilon else target_epsilon
-    if target is not None and (reason is not None or allow_coupled_loss is not None):
-        raise ValueError(f"target_epsilon={target} is meaningless for this run: "
-                         f"{reason or 'allow_coupled_loss: ' + str(allow_coupled_loss)} (no epsilon is reported)")
-    if allow_coupled_loss is not None:
-        ledger.record_not_private(f"coupled loss allowed: {allow_coupled_loss}")
-    if mechanism.noise_source.not_private_reason:
-        ledger.record_void(mechanism.noise_source.not_private_reason)
-    charge = RunCharge(StepAccounting(event, reason, config.resolved_delta, accountant), target, batch_size)
-    return PrivateModel(model, optimizer, ledger, charge, config, loss, _outside_guarantee(model))
+    settings, mechanism = _settings(privacy, config, accountant)
+    options = SetupOptions(noise_seed=noise_seed, pre_training=tuple(pre_training), selection_counts=selection_counts,
+                           not_private_reason=None if allow_coupled_loss is None
+                           else f"coupled loss allowed: {allow_coupled_loss}",
+                           table_optimizer=table_optimizer, dense_optimizer=dense_optimizer, registry=registry)
+    shape = RunShape(num_examples, batch_size, config.total_steps, learning_rate)
+    setup = prepare_private(model, settings, shape, options, mechanism)
+    charge = RunCharge(setup.accounting, setup.privacy.target_epsilon, batch_size)
+    return PrivateModel(model, setup.optimizer, setup.ledger, charge, config, loss, _outside_guarantee(model))
+
+
+def _settings(privacy: Union[PrivacyConfig, Mechanism], config: PrivateFitConfig,
+              accountant: str) -> tuple[PrivacyConfig, Optional[Mechanism]]:
+    """``(settings, built mechanism or None)``: the target ε and δ of ``config`` folded into the settings."""
+    if isinstance(privacy, Mechanism):
+        plan = privacy.plan
+        sigma = plan.describe().get("noise_multiplier")
+        settings = PrivacyConfig(algorithm=plan.name, noise_multiplier=1.0 if sigma is None else sigma,
+                                 l2_norm_clip=privacy.l2_norm_clip, accountant=accountant)
+        return dataclasses.replace(settings, delta=config.delta, target_epsilon=config.target_epsilon), privacy
+    if not isinstance(privacy, PrivacyConfig):
+        raise TypeError(f"privacy must be a PrivacyConfig or a tfdp_sparse Mechanism, got {type(privacy).__name__}")
+    privacy.validate()
+    if privacy.sampling != "poisson":
+        raise ValueError("make_private feeds Poisson batches: PrivacyConfig(sampling='shuffle') is not supported "
+                         "(pass a batched tf.data.Dataset to fit for the labelled approximation)")
+    target = privacy.target_epsilon if privacy.target_epsilon is not None else config.target_epsilon
+    return dataclasses.replace(privacy, delta=config.delta, target_epsilon=target), None

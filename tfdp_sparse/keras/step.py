@@ -1,15 +1,21 @@
-"""The private step for custom training loops (same path as ``model.fit``).
+"""The one private step: forward with taps, per-example loss, regularizers outside clipping, clip, noise, apply.
+
+:func:`private_train_step` is the body of every private step on the Keras
+backend: :class:`tfdp_sparse.keras.PrivateModel`'s ``train_step`` (``fit``)
+and :class:`PrivateStep` (custom loops and the trainers, through
+:func:`tfdp_sparse.keras.make_private`'s setup) both call it, so clipping,
+noise and the regularizer rule cannot drift apart.
 
 Example::
 
     step = PrivateStep(model, per_example_loss_fn, optimizer)
     for x, y in dataset:
-        metrics = step(x, y)          # {"loss": ..., "embedding_values": ...}
+        metrics = step(x, y)          # {"loss": ..., "embedding_values": ..., "clipped_fraction": ...}
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import tensorflow as tf
 
@@ -17,22 +23,45 @@ from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.regularization import regularization_gradients
 
 PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+#: ``(x, y) -> (predictions or None, per-example losses [B])`` under a tape (training mode).
+ForwardLoss = Callable[[object, object], tuple]
+
+
+def private_train_step(model: tf.keras.Model, forward_loss: ForwardLoss, optimizer: DPOptimizer, x, y
+                       ) -> tuple[Optional[tf.Tensor], tf.Tensor, tf.Operation]:
+    """One private step of ``model`` on ``(x, y)``: ``(predictions, per-example losses in float32, update op)``.
+
+    The taps are cleared, the forward pass runs under a tape, the losses are
+    cast to float32 (mixed precision: clipping and noise run in float32),
+    weight regularizers get gradients of their own, outside clipping (they
+    depend on the weights only: :mod:`tfdp_sparse.keras.regularization`), and
+    :meth:`DPOptimizer.private_step` clips, noises and applies.
+
+    Example: ``preds, losses, op = private_train_step(model, lambda x, y: (model(x), loss(y, model(x))), opt, x, y)``.
+    """
+    optimizer.recorder().clear()
+    with tf.GradientTape() as tape:
+        predictions, per_example = forward_loss(x, y)
+        per_example = tf.cast(per_example, tf.float32)
+    variables = model.trainable_variables  # after the call: it builds an unbuilt model
+    reg_grads = regularization_gradients(model, variables)
+    update = optimizer.private_step(per_example, variables, tape, regularization_grads=reg_grads)
+    return predictions, per_example, update
 
 
 class PrivateStep:
-    """A compiled (``tf.function``) training step: forward, clip, noise, apply.
+    """A compiled (``tf.function``) training step: forward, clip, noise, apply (:func:`private_train_step`).
 
     The first call (tracing) raises ``UnsupportedLayerError`` (a
     ``ValueError`` naming the layer) if the private step would change or use
-    a variable without per-example clipping: for private mechanisms any layer
-    holding variables outside ``Dense`` / ``Embedding`` / ``DPEmbedding``
-    (e.g. ``BatchNormalization``), and always a table also read outside its
-    lookups (tied weights); see :mod:`tfdp_sparse.clipping.coverage`.
+    a variable without per-example clipping (e.g. ``BatchNormalization``'s
+    batch statistics, a table also read outside its lookups);
+    see :mod:`tfdp_sparse.clipping.coverage`.
 
     Args:
       model: a Keras model built from supported layers.
       loss_fn: ``loss_fn(labels, predictions) -> [B]`` per-example losses.
-      optimizer: a :class:`DPOptimizer`.
+      optimizer: a :class:`DPOptimizer` (attached to ``model`` here if it is not yet).
       jit_compile: compile the step with XLA (a performance setting only).
     """
 
@@ -42,24 +71,25 @@ class PrivateStep:
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
-        self._recorder = optimizer.attach(model)
+        if not optimizer.is_attached_to(model):
+            optimizer.attach(model)
         # autograph off: the step has no tensor-dependent Python control flow, and
         # converting Keras and the clipping code costs tens of seconds per trace.
         self._step = tf.function(self._run, jit_compile=jit_compile, reduce_retracing=True, autograph=False)
 
+    def _forward_loss(self, features, labels) -> tuple:
+        predictions = self.model(features, training=True)
+        return predictions, self.loss_fn(labels, predictions)
+
     def _run(self, features, labels):
-        self._recorder.clear()
-        with tf.GradientTape() as tape:
-            predictions = self.model(features, training=True)
-            per_example_loss = self.loss_fn(labels, predictions)
-        variables = self.model.trainable_variables  # after the call: it builds an unbuilt model
-        reg_grads = regularization_gradients(self.model, variables)
-        self.optimizer.private_step(per_example_loss, variables, tape, regularization_grads=reg_grads)
-        return {
-            "loss": tf.reduce_mean(per_example_loss),
-            "embedding_values": self.optimizer.last_embedding_values.read_value(),
-            "clipped_fraction": self.optimizer.last_clipped_fraction.read_value(),
-        }
+        _, per_example_loss, update = private_train_step(self.model, self._forward_loss, self.optimizer, features,
+                                                         labels)
+        with tf.control_dependencies([update]):
+            return {
+                "loss": tf.reduce_mean(per_example_loss),
+                "embedding_values": self.optimizer.last_embedding_values.read_value(),
+                "clipped_fraction": self.optimizer.last_clipped_fraction.read_value(),
+            }
 
     def __call__(self, features, labels) -> dict:
         return self._step(features, labels)

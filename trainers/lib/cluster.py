@@ -44,7 +44,8 @@ from tfdp_sparse.layers.tpu import EmbeddingBackend
 from tfdp_sparse.noise_source import NoiseSource
 from trainers.lib.budget import plan_steps
 from trainers.lib.config import LoopConfig, PreTrainingRelease
-from trainers.lib.prepare import make_dense_optimizer, make_table_optimizer, open_ledger, validate_run
+from tfdp_sparse.keras.private_setup import SetupOptions, open_ledger
+from trainers.lib.prepare import make_dense_optimizer, make_table_optimizer, validate_run
 from trainers.lib.privacy import resolve_privacy, step_event_of, with_default_delta
 from trainers.lib.result import TrainResult, finish
 from trainers.lib.steps import StepStats
@@ -109,7 +110,8 @@ def train_on_cluster(cluster: str, build_model: Callable[[], tf.keras.Model],
     local = build_model()  # for the setup event's table sizes (unusable once the cluster is connected)
     resolved = resolve_privacy(privacy, loop, n, local, pre_training, sensitivity_caveat, None)
     noise = NoiseSource(loop.noise_seed)
-    ledger = open_ledger(mechanisms.build(resolved.privacy), pre_training, sensitivity_caveat, None)
+    ledger = open_ledger(mechanisms.build(resolved.privacy),
+                         SetupOptions(pre_training=tuple(pre_training), not_private_reason=sensitivity_caveat))
     event, _ = step_event_of(resolved.plan, resolved.q)
     planned, stop_reason = plan_steps(ledger, event, loop, resolved)
     features = {name: np.asarray(arrays[name]) for name in feature_names}

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-import dp_accounting
-
+from tfdp_sparse.accounting.releases import PreTrainingRelease  # noqa: F401 (re-exported)
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
 
 
@@ -72,20 +71,3 @@ class LoopConfig:
     table_learning_rate: Optional[float] = None
     #: speed settings only (XLA, where tables live): they cannot change the guarantee.
     performance: PerformanceFlags = PerformanceFlags()
-
-
-@dataclasses.dataclass(frozen=True)
-class PreTrainingRelease:
-    """A data-dependent release made before training (e.g. a DP vocabulary), charged to the run.
-
-    Attributes:
-      name: what was released, for logs and the metrics line.
-      event: its ``DpEvent``, composed into the run's ledger before the steps.
-      extra_delta: a δ the event does not express (e.g. the thresholding
-        failure probability of partition selection); the run's ε is computed
-        at ``delta - sum(extra_delta)``, so the total stays ``delta``.
-    """
-
-    name: str
-    event: dp_accounting.DpEvent
-    extra_delta: float = 0.0

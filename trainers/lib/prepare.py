@@ -1,10 +1,9 @@
-"""Before the first step: checked settings, the optimizer and mechanism, the opened ledger.
+"""Before the first step: checked settings and the trainers' options of the one private setup.
 
 Example::
 
     n = validate_run(arrays, loop)
-    optimizer = build_optimizer(resolved, loop, model)
-    ledger = open_ledger(optimizer.mechanism, pre_training, caveat, selection_counts)
+    setup = prepare_private(model, privacy, run_shape(loop, n), setup_options(loop, pre_training))
 """
 
 from __future__ import annotations
@@ -15,14 +14,15 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse import accounting
+from tfdp_sparse.accounting.releases import PreTrainingRelease
 from tfdp_sparse.keras import DPOptimizer
+from tfdp_sparse.keras.private_setup import SetupOptions
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
-from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.optimizers import TableAdagrad, TableAdam, TableFTRL, TableRule, TableSGD
 from trainers import tensorboard
-from trainers.lib.config import LoopConfig, PreTrainingRelease
-from trainers.lib.privacy import ResolvedPrivacy
+from trainers.lib.checkpoints import SavedRun
+from trainers.lib.config import LoopConfig
+from trainers.lib.privacy import resume_of
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -130,48 +130,27 @@ def default_features(arrays: Mapping[str, np.ndarray]) -> Features:
     return features
 
 
-def build_optimizer(resolved: ResolvedPrivacy, loop: LoopConfig, model,
-                    optimizer: Optional[DPOptimizer] = None) -> DPOptimizer:
-    """A new :class:`DPOptimizer` with the plan's rule bound to ``model``, or ``optimizer`` checked.
+def setup_options(loop: LoopConfig, pre_training: Sequence[PreTrainingRelease] = (),
+                  selection_counts: Optional[Callable[[], Sequence[np.ndarray]]] = None,
+                  sensitivity_caveat: Optional[str] = None, saved: Optional[SavedRun] = None,
+                  optimizer: Optional[DPOptimizer] = None) -> SetupOptions:
+    """The :class:`~tfdp_sparse.keras.private_setup.SetupOptions` of a trainer run (``LoopConfig`` mapped).
 
-    A continued ``optimizer`` (streaming periods) must describe the same step
-    event as ``resolved`` and cannot be combined with ``loop.model_dir``.
+    A continued ``optimizer`` (streaming periods) cannot be combined with
+    ``loop.model_dir``. The TPU backends attach the clipping rules to the
+    model's head themselves (:mod:`tfdp_sparse.layers.tpu`).
     """
-    if optimizer is not None:
-        mechanism = optimizer.mechanism
-        if loop.model_dir or mechanism.step_event(resolved.q) != resolved.plan.step_event(resolved.q):
-            raise ValueError(f"optimizer: a continued optimizer needs model_dir=None (got {loop.model_dir!r}) and "
-                             f"the step event of privacy={resolved.privacy} (its mechanism: {mechanism.describe()})")
-        return optimizer
-    mechanism = resolved.plan.make_rule(loop.noise_seed)
-    mechanism.bind_model(model)
-    return DPOptimizer(
-        mechanism,
-        learning_rate=loop.learning_rate,
-        expected_batch_size=loop.batch_size,
-        dense_optimizer=make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate),
+    if optimizer is not None and loop.model_dir:
+        raise ValueError(f"optimizer: a continued optimizer needs model_dir=None (got {loop.model_dir!r})")
+    return SetupOptions(
+        noise_seed=loop.noise_seed,
+        calibrate_noise=loop.calibrate_noise,
+        pre_training=tuple(pre_training),
+        selection_counts=selection_counts,
+        not_private_reason=sensitivity_caveat,
+        resume=resume_of(saved),
+        optimizer=optimizer,
         table_optimizer=table_rule_of(loop),
+        dense_optimizer=make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate),
+        attach=loop.performance.embedding_backend is EmbeddingBackend.KERAS,
     )
-
-
-def open_ledger(mechanism: Mechanism, pre_training: Sequence[PreTrainingRelease], sensitivity_caveat: Optional[str],
-                selection_counts: Optional[Callable[[], Sequence[np.ndarray]]]) -> accounting.PrivacyLedger:
-    """A new run's ledger: private selection (if the rule needs one), releases, one-off event, caveat."""
-    if mechanism.needs_private_selection:
-        if selection_counts is None:
-            raise ValueError(
-                f"{mechanism.name} with selection_epsilon selects rows privately from training counts, "
-                "but the trainer gave no selection_counts"
-            )
-        mechanism.select(selection_counts())
-        log.info("private selection done: %s", mechanism.describe())
-    ledger = accounting.PrivacyLedger()
-    for release in pre_training:
-        ledger.record(release.event)
-        log.info("charged pre-training release %r to the ledger: %s", release.name, release.event)
-    setup = mechanism.setup_event()
-    if setup is not None:
-        ledger.record(setup)
-    if sensitivity_caveat:
-        ledger.record_not_private(sensitivity_caveat)
-    return ledger

@@ -1,0 +1,276 @@
+"""What a private run trains with, decided once before its first step: the one setup of every private run.
+
+:func:`prepare_private` is shared by :func:`tfdp_sparse.keras.make_private`
+(``fit``) and the trainers (:func:`trainers.loop.train_privately`, the
+parameter-server and period-by-period runs), so δ, σ, the mechanism, its
+binding, the optimizer and the opened ledger are decided by one code path:
+
+1. δ: the given one or :func:`tfdp_sparse.accounting.default_delta` of N,
+   less the pre-training releases' own ``extra_delta`` for the steps' ε;
+2. σ: from a resumed checkpoint, else calibrated on plans for a target ε
+   (every mechanism, with one-off events composed as the ledger will), else
+   as given;
+3. the mechanism (built from the plan, or given), bound to the model's
+   tables, and its :class:`~tfdp_sparse.keras.DPOptimizer`, attached to the
+   model (clipping rules);
+4. the ledger: a resumed one, or a new one holding the private selection
+   (from training counts), the pre-training releases, the mechanism's one-off
+   event and why the run is not private (a coupled loss, reproducible noise).
+
+Example::
+
+    setup = prepare_private(model, PrivacyConfig(algorithm="lazydp", target_epsilon=1.0, l2_norm_clip=1.0),
+                            RunShape(num_examples=60_000, batch_size=256, steps=1_000, learning_rate=0.1))
+    setup.privacy.noise_multiplier, setup.accounting.delta, setup.ledger.steps   # 0.95..., 1.5e-06, 0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Optional, Sequence
+
+import dp_accounting
+import numpy as np
+import tensorflow as tf
+
+from tfdp_sparse import accounting
+from tfdp_sparse import mechanisms as mechanisms_lib
+from tfdp_sparse.accounting.ledger import PrivacyLedger
+from tfdp_sparse.accounting.releases import PreTrainingRelease, run_delta
+from tfdp_sparse.accounting.step_accounting import StepAccounting
+from tfdp_sparse.clipping.registry import LayerRegistry
+from tfdp_sparse.config import PrivacyConfig
+from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.mechanisms.calibration import calibrate, check_accountant, step_event_of
+from tfdp_sparse.mechanisms.plans.base import Plan
+from tfdp_sparse.mechanisms.tables import table_infos
+
+log = logging.getLogger("tfdp_sparse.train")
+
+SelectionCounts = Callable[[], Sequence[np.ndarray]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunShape:
+    """How much a run trains and how fast: N, the expected batch B, the planned steps and the rate.
+
+    ``RunShape(60_000, 256, 1_000, 0.1).sampling_rate`` is ``256 / 60_000``.
+    """
+
+    num_examples: int
+    batch_size: int
+    steps: int
+    learning_rate: object = 0.1
+
+    @property
+    def sampling_rate(self) -> float:
+        """q = B / N (Poisson)."""
+        return self.batch_size / self.num_examples
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume:
+    """A run continued from a checkpoint: its σ (calibrated or given before) and its ledger."""
+
+    noise_multiplier: float
+    ledger: PrivacyLedger
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupOptions:
+    """Everything optional about a private run's setup (all defaults: a fresh run of a new mechanism).
+
+    Attributes:
+      noise_seed: ``None`` (secure) or a seed (reproducible, not private).
+      calibrate_noise: with a target ε, calibrate σ for the planned steps (True) or keep it and
+        let the budget stop the run (False).
+      pre_training: releases charged before the steps (a DP vocabulary).
+      selection_counts: ``() -> counts per table`` for a private selection (DP-FEST / DP-AdaFEST+
+        with ``selection_epsilon``).
+      not_private_reason: why the loss breaks the per-example bound (in-batch negatives, an allowed
+        coupled loss): the run is recorded not private.
+      resume: continue a checkpointed run (σ and ledger from it).
+      optimizer: continue with this optimizer and its mechanism (streaming periods).
+      table_optimizer / dense_optimizer: post-processing optimizers (:class:`DPOptimizer`).
+      registry: clipping rules (default: the toolkit's).
+      attach: give the model its clipping rules (False for backends that clip elsewhere).
+    """
+
+    noise_seed: Optional[int] = None
+    calibrate_noise: bool = True
+    pre_training: tuple = ()
+    selection_counts: Optional[SelectionCounts] = None
+    not_private_reason: Optional[str] = None
+    resume: Optional[Resume] = None
+    optimizer: Optional[DPOptimizer] = None
+    table_optimizer: object = None
+    dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None
+    registry: Optional[LayerRegistry] = None
+    attach: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedPrivacy:
+    """The privacy settings a run trains with, and what its accounting needs.
+
+    Attributes:
+      privacy: the settings with δ filled in and σ calibrated or resumed.
+      plan: the algorithm's plan for ``privacy``.
+      delta: the δ the ledger's ε is computed at (the run's δ less the
+        pre-training releases' own ``extra_delta``).
+      total_delta: the run's δ.
+      delta_warning: a warning when δ is large for the data set, else ``None``.
+      q: the Poisson sampling rate ``B / N``.
+    """
+
+    privacy: PrivacyConfig
+    plan: Plan
+    delta: float
+    total_delta: float
+    delta_warning: Optional[str]
+    q: float
+
+    @property
+    def budgeted(self) -> bool:
+        """True when a target ε bounds the run."""
+        return self.privacy.target_epsilon is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateSetup:
+    """What :func:`prepare_private` decided: settings, optimizer (with its bound mechanism), ledger, charge."""
+
+    resolved: ResolvedPrivacy
+    optimizer: DPOptimizer
+    ledger: PrivacyLedger
+    accounting: StepAccounting
+
+    @property
+    def mechanism(self) -> Mechanism:
+        return self.optimizer.mechanism
+
+    @property
+    def privacy(self) -> PrivacyConfig:
+        return self.resolved.privacy
+
+
+def with_default_delta(privacy: PrivacyConfig, n: int) -> PrivacyConfig:
+    """``privacy`` validated, with ``delta=None`` replaced by :func:`tfdp_sparse.accounting.default_delta` of ``n``."""
+    privacy.validate()
+    delta = privacy.delta if privacy.delta is not None else accounting.default_delta(n)
+    return dataclasses.replace(privacy, delta=delta)
+
+
+def charged_before_steps(privacy: PrivacyConfig, model,
+                         pre_training: Sequence[PreTrainingRelease]) -> Optional[dp_accounting.DpEvent]:
+    """One event for everything charged before the first step (``None`` if nothing), for σ calibration.
+
+    The releases' events, then the plan's one-off event for the model's
+    tables (e.g. a private selection, whose size may depend on the tables),
+    which must not depend on σ. No mechanism is built.
+    """
+    setup = mechanisms_lib.plan(privacy).setup_event(table_infos(model))
+    events = [r.event for r in pre_training] + [setup]
+    events = [e for e in events if e is not None]
+    if not events:
+        return None
+    return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
+
+
+def resolve_privacy(privacy: PrivacyConfig, shape: RunShape, model, options: SetupOptions,
+                    built: Optional[Plan] = None) -> ResolvedPrivacy:
+    """δ, σ and the plan of a run (δ ``None`` means the default of N; see module doc).
+
+    ``built``: the plan of a mechanism built by the caller; σ is then its own
+    (``privacy`` carries the accounting settings only: δ, target ε, accountant).
+
+    Raises ``ValueError`` for a target ε the run cannot have (a mechanism or
+    loss without a guarantee) and for an accountant the plan cannot use.
+    """
+    privacy = with_default_delta(privacy, shape.num_examples)
+    warning = accounting.delta_warning(privacy.delta, shape.num_examples)
+    if warning:
+        log.warning("%s", warning)
+    total_delta, delta = privacy.delta, run_delta(privacy.delta, options.pre_training)
+    q = shape.sampling_rate
+    if options.resume is not None:
+        privacy = dataclasses.replace(privacy, noise_multiplier=options.resume.noise_multiplier)
+    plan = built if built is not None else mechanisms_lib.plan(privacy)
+    _, not_private = step_event_of(plan, q)
+    caveat = options.not_private_reason
+    if privacy.target_epsilon is not None and (not_private is not None or not plan.requires().clips or caveat):
+        raise ValueError(f"target_epsilon={privacy.target_epsilon} is meaningless for {plan.name}: "
+                         f"{not_private or caveat or 'non-private training'} (no epsilon is reported)")
+    check_accountant(plan, privacy.accountant)
+    calibrating = options.calibrate_noise and options.resume is None and built is None
+    if privacy.target_epsilon is not None and calibrating:
+        setup = charged_before_steps(privacy, model, options.pre_training)
+        privacy = calibrate(privacy, q, shape.steps, delta, setup)
+        plan = mechanisms_lib.plan(privacy)
+        log.info("calibrated noise_multiplier=%.4f for epsilon=%s at delta=%.3g over %d steps",
+                 privacy.noise_multiplier, privacy.target_epsilon, delta, shape.steps)
+    return ResolvedPrivacy(privacy, plan, delta, total_delta, warning, q)
+
+
+def _optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: SetupOptions,
+               mechanism: Optional[Mechanism]) -> DPOptimizer:
+    """A new :class:`DPOptimizer` with the mechanism bound to ``model``, or the continued one checked."""
+    continued = options.optimizer
+    if continued is not None:
+        mech = continued.mechanism
+        if options.resume is not None or mech.step_event(resolved.q) != resolved.plan.step_event(resolved.q):
+            raise ValueError(f"optimizer: a continued optimizer needs no resumed checkpoint and the step event of "
+                             f"privacy={resolved.privacy} (its mechanism: {mech.describe()})")
+        return continued
+    mechanism = mechanism if mechanism is not None else resolved.plan.make_rule(options.noise_seed)
+    mechanism.bind_model(model)
+    return DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size,
+                       dense_optimizer=options.dense_optimizer, table_optimizer=options.table_optimizer)
+
+
+def open_ledger(mechanism: Mechanism, options: SetupOptions) -> PrivacyLedger:
+    """A new run's ledger: private selection (if the rule needs one), releases, one-off event, caveat."""
+    if mechanism.needs_private_selection:
+        if options.selection_counts is None:
+            raise ValueError(
+                f"{mechanism.name} with selection_epsilon selects rows privately from training counts, "
+                "but no selection_counts were given (make_private(selection_counts=...), or a public "
+                "frequency_file)"
+            )
+        mechanism.select(options.selection_counts())
+        log.info("private selection done: %s", mechanism.describe())
+    ledger = PrivacyLedger()
+    for release in options.pre_training:
+        ledger.record(release.event)
+        log.info("charged pre-training release %r to the ledger: %s", release.name, release.event)
+    setup = mechanism.setup_event()
+    if setup is not None:
+        ledger.record(setup)
+    if options.not_private_reason:
+        ledger.record_not_private(options.not_private_reason)
+    return ledger
+
+
+def prepare_private(model: tf.keras.Model, privacy: PrivacyConfig, shape: RunShape,
+                    options: SetupOptions = SetupOptions(), mechanism: Optional[Mechanism] = None) -> PrivateSetup:
+    """The one setup of a private run (see module doc).
+
+    ``mechanism``: train with this built mechanism (typed constructors such as
+    ``LazyDP(...)``); ``privacy`` then gives only δ, the target ε (a budget
+    stop, no calibration) and the accountant.
+    """
+    if not isinstance(privacy, PrivacyConfig):
+        raise TypeError(f"privacy must be a PrivacyConfig, got {type(privacy).__name__}")
+    resolved = resolve_privacy(privacy, shape, model, options, None if mechanism is None else mechanism.plan)
+    optimizer = _optimizer(resolved, shape, model, options, mechanism)
+    if options.attach:
+        optimizer.attach(model, options.registry)
+    ledger = options.resume.ledger if options.resume is not None else open_ledger(optimizer.mechanism, options)
+    noise = optimizer.mechanism.noise_source
+    if noise.not_private_reason:
+        ledger.record_void(noise.not_private_reason)
+    event, reason = step_event_of(optimizer.mechanism.plan, resolved.q)
+    charge = StepAccounting(event, reason, resolved.delta, resolved.privacy.accountant)
+    return PrivateSetup(resolved, optimizer, ledger, charge)

@@ -16,7 +16,7 @@ from tfdp_sparse.clipping.user_norms import (
     UserClipMethod,
     UserClipping,
     UserSegments,
-    same_user_pairs,
+    pad_by_user,
 )
 
 VOCAB = 12
@@ -131,11 +131,13 @@ def test_example_share_clips_each_example_to_c_over_k_and_refuses_more_than_k():
             toolkit(model, recorder, x, y, SEGMENTS, 0.2, UserClipMethod.EXAMPLE_SHARE, k=3)  # user 0 has 4
 
 
-def test_same_user_pairs_are_exactly_the_within_user_pairs():
-    left, right = same_user_pairs(UserSegments(tf.constant(SEGMENTS, tf.int32), tf.constant(5)))
-    got = sorted(zip(left.numpy().tolist(), right.numpy().tolist()))
-    want = sorted((i, j) for i in range(10) for j in range(10) if SEGMENTS[i] == SEGMENTS[j])
-    assert got == want
+def test_pad_by_user_stacks_each_users_examples():
+    x = tf.constant(np.arange(10, dtype=np.float64)[:, None])
+    padded = pad_by_user(x, UserSegments(tf.constant(SEGMENTS, tf.int32), tf.constant(5))).numpy()[..., 0]
+    assert padded.shape == (5, 4)
+    for user in range(5):
+        own = np.flatnonzero(SEGMENTS == user)
+        assert padded[user].tolist() == own.tolist() + [0.0] * (4 - own.size)
 
 
 def test_segments_from_user_ids():
@@ -196,3 +198,14 @@ def test_sensitivity_one_user_moves_the_sum_by_at_most_c_and_adversarially_by_c(
         ey = tf.fill([k, 1], tf.constant(1e4, tf.float64))
         adversarial = _neighbour_shift(model, recorder, x, y, segments, ex, ey, clip_norm, method, k)
     assert 0.99 * clip_norm <= adversarial <= clip_norm * (1 + 1e-6)
+
+
+def test_group_norms_in_tf_function_match_eager():
+    rng = np.random.default_rng(11)
+    tf.keras.utils.set_random_seed(5)
+    model = _table_model()
+    recorder = attach_taps(model)
+    x, y = _inputs("tables", SEGMENTS.size, rng), tf.constant(rng.normal(size=(SEGMENTS.size, 1)), tf.float32)
+    eager = toolkit(model, recorder, x, y, SEGMENTS, 0.1).norms
+    graph = tf.function(lambda x, y: toolkit(model, recorder, x, y, SEGMENTS, 0.1).norms)(x, y)
+    np.testing.assert_allclose(graph.numpy(), eager.numpy(), rtol=1e-5)

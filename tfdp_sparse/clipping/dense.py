@@ -63,7 +63,7 @@ def group_squared_norms(tap_list: Sequence[DenseTap], grads: Sequence[tf.Tensor]
     ``||sum_{i in u} sum_t delta_{i,t}||^2``.
     """
     a, delta = _stack(tap_list, grads)
-    kernel_sq = user_norms.kernel_group_squared_norms(a, delta, segments, _is_single_position(tap_list))
+    kernel_sq = user_norms.kernel_group_squared_norms(a, delta, segments)
     if tap_list[0].bias is None:
         return kernel_sq
     return kernel_sq + user_norms.segment_squared_norms(tf.reduce_sum(delta, axis=1), segments)

@@ -174,8 +174,7 @@ def group_squared_norms(tap_list: Sequence[EinsumDenseTap], grads: Sequence[tf.T
                         segments: UserSegments) -> tf.Tensor:
     """Per-user squared norm ``[U]`` of the kernel and bias gradients summed over each user's examples."""
     a, delta = _stack(tap_list, grads)
-    single = len(tap_list) == 1 and layout(tap_list[0].equation).single_position
-    kernel_sq = user_norms.kernel_group_squared_norms(a, delta, segments, single)
+    kernel_sq = user_norms.kernel_group_squared_norms(a, delta, segments)
     if tap_list[0].bias is None:
         return kernel_sq
     return kernel_sq + user_norms.segment_squared_norms(_bias_per_example(tap_list, grads), segments)

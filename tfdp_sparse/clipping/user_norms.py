@@ -16,8 +16,8 @@ clipping:
 * dense kernels (``Dense``, ``Conv1D``, ``EinsumDense``):
   ``||sum_{i in u} a_i^T d_i||^2 = sum_{i, j in u} <a_i^T d_i, a_j^T d_j>``,
   which for one position is ``sum_{i, j in u} (a_i . a_j)(d_i . d_j)``
-  (:func:`kernel_group_squared_norms`; only the ``sum_u n_u^2`` same-user
-  pairs are formed, :func:`same_user_pairs`);
+  (:func:`kernel_group_squared_norms`, on each user's examples stacked side
+  by side, :func:`pad_by_user`: ``U n_max^2`` products, at most ``B k``);
 * small per-example gradients (biases, ``LayerNormalization``, the generic
   fallback): summed per user, then squared (:func:`segment_squared_norms`);
 * tables: rows summed per (user, id) (:mod:`tfdp_sparse.clipping.embedding`).
@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 __all__ = ["UserClipMethod", "UserClipping", "UserSegments", "check_at_most_k", "kernel_group_squared_norms",
-           "same_user_pairs", "segment_squared_norms", "user_scale"]
+           "pad_by_user", "segment_squared_norms", "user_scale"]
 
 
 class UserClipMethod(enum.Enum):
@@ -103,22 +103,21 @@ class UserClipping:
             raise ValueError(f"max_examples_per_user must be a positive integer, got {k!r}")
 
 
-def same_user_pairs(segments: UserSegments) -> tuple[tf.Tensor, tf.Tensor]:
-    """Every ordered pair ``(i, j)`` of examples of one user, ``i = j`` included: int32 ``([P], [P])``.
+def pad_by_user(per_example: tf.Tensor, segments: UserSegments) -> tf.Tensor:
+    """``[U, n_max, ...]``: each user's examples side by side, zero-padded to the largest count ``n_max``.
 
-    ``P = sum_u n_u^2``; at most ``k`` examples per user give ``P <= k B``.
+    At most ``k`` examples per user (the sampler's cap) bound it by ``U k`` rows.
 
-    Example: ids ``[0, 1, 0]`` give the pairs (0,0), (0,2), (2,0), (2,2), (1,1) (in some order).
+    Example: ``x = [[1], [2], [5]]``, ids ``[0, 1, 0]`` give ``[[[1], [5]], [[2], [0]]]``.
     """
     ids = tf.cast(segments.ids, tf.int32)
     order = tf.argsort(ids, stable=True)
     counts = tf.math.unsorted_segment_sum(tf.ones_like(ids), ids, segments.count)
-    starts = tf.cumsum(counts, exclusive=True)
-    own_ids = tf.gather(ids, order)
-    own_start, own_count = tf.gather(starts, own_ids), tf.gather(counts, own_ids)
-    partners = tf.ragged.range(own_start, own_start + own_count)
-    left = tf.repeat(order, own_count)
-    return left, tf.gather(order, partners.flat_values)
+    own = tf.gather(ids, order)
+    slot = tf.range(tf.size(ids)) - tf.gather(tf.cumsum(counts, exclusive=True), own)
+    shape = tf.concat([[segments.count, tf.reduce_max(tf.concat([counts, [0]], 0))],
+                       tf.shape(per_example)[1:]], 0)
+    return tf.scatter_nd(tf.stack([own, slot], 1), tf.gather(per_example, order), shape)
 
 
 def segment_squared_norms(per_example: tf.Tensor, segments: UserSegments) -> tf.Tensor:
@@ -131,24 +130,25 @@ def segment_squared_norms(per_example: tf.Tensor, segments: UserSegments) -> tf.
     return tf.reduce_sum(tf.square(per_user), axis=1)
 
 
-def kernel_group_squared_norms(a: tf.Tensor, delta: tf.Tensor, segments: UserSegments,
-                               single_position: bool = False) -> tf.Tensor:
+def kernel_group_squared_norms(a: tf.Tensor, delta: tf.Tensor, segments: UserSegments) -> tf.Tensor:
     """``[U]``: ``||sum_{i in u} a_i^T delta_i||_F^2`` for ``a [B, T, in]``, ``delta [B, T, out]``.
 
-    Same-user pairs: ``sum_{i,j in u} sum_{t,s} (a_it . a_js)(delta_it . delta_js)``
-    (one position: ``(a_i . a_j)(delta_i . delta_j)``). When ``in * out < T^2``
-    the per-example gradients ``[B, in, out]`` are smaller: summed per user instead.
+    A user's kernel gradient is that of one "example" whose positions are
+    all the positions of the user's examples, so the per-example ghost norm
+    applies to the user-stacked ``[U, n_max T, .]`` tensors
+    (:func:`pad_by_user`; padding is zero and adds nothing): the Gram form
+    ``sum_{i,j in u} sum_{t,s} (a_it . a_js)(delta_it . delta_js)``, which for one
+    position is ``sum_{i,j in u} (a_i . a_j)(delta_i . delta_j)``. When
+    ``in * out < T^2`` the per-example gradients are smaller: summed per user instead.
     """
     fan_in, fan_out, positions = int(a.shape[-1]), int(delta.shape[-1]), a.shape[1]
-    if not single_position and positions is not None and fan_in * fan_out < positions * positions:
+    if positions is not None and fan_in * fan_out < positions * positions:
         return segment_squared_norms(tf.einsum("bti,bto->bio", a, delta), segments)
-    left, right = same_user_pairs(segments)
-    a_l, a_r, d_l, d_r = tf.gather(a, left), tf.gather(a, right), tf.gather(delta, left), tf.gather(delta, right)
-    if single_position:
-        pair = tf.reduce_sum(a_l * a_r, axis=[1, 2]) * tf.reduce_sum(d_l * d_r, axis=[1, 2])
-    else:
-        pair = tf.reduce_sum(tf.einsum("pti,psi->pts", a_l, a_r) * tf.einsum("pto,pso->pts", d_l, d_r), axis=[1, 2])
-    return tf.math.unsorted_segment_sum(pair, tf.gather(segments.ids, left), segments.count)
+    stacked_a = tf.reshape(pad_by_user(a, segments), [segments.count, -1, fan_in])
+    stacked_delta = tf.reshape(pad_by_user(delta, segments), [segments.count, -1, fan_out])
+    gram_a = tf.einsum("uti,usi->uts", stacked_a, stacked_a)
+    gram_delta = tf.einsum("uto,uso->uts", stacked_delta, stacked_delta)
+    return tf.reduce_sum(gram_a * gram_delta, axis=[1, 2])
 
 
 def user_scale(per_user_squared: Sequence[Callable[[UserSegments], tf.Tensor]], users: UserClipping,

@@ -83,3 +83,11 @@ def test_movielens_zipf_activity():
     assert plain.activity_exponent is None and mls.generate_timelines(plain)[1].size >= 5
     with pytest.raises(ValueError, match="activity_exponent"):
         dataclasses.replace(cfg, activity_exponent=-1.0)
+
+
+def test_docstring_examples():
+    import doctest
+
+    from tfdp_sparse.data import hashing, synthetic_users
+
+    assert doctest.testmod(synthetic_users).failed == 0 and doctest.testmod(hashing).failed == 0

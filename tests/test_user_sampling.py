@@ -142,3 +142,11 @@ def test_plugs_into_the_tf_data_pipeline():
         users = batch["user"].numpy()
         assert np.bincount(users).max() <= 2
         np.testing.assert_array_equal(users, sampler.draw(step).users[sampler.draw(step).segments])
+
+
+def test_docstring_examples():
+    import doctest
+
+    from tfdp_sparse.data import user_sampling
+
+    assert doctest.testmod(user_sampling).failed == 0

@@ -91,3 +91,21 @@ def test_docstring_examples():
     from tfdp_sparse.data import hashing, synthetic_users
 
     assert doctest.testmod(synthetic_users).failed == 0 and doctest.testmod(hashing).failed == 0
+
+
+def test_pctr_users_grouped_and_sampled_at_the_user_level():
+    from tfdp_sparse.data.sampling import ArrayGather
+    from tfdp_sparse.data.user_sampling import UserPoissonSampler, group_by_user
+    from tfdp_sparse.noise_source import NoiseSource
+
+    users = SyntheticUsers(5000, activity_exponent=1.1)
+    arrays = syn.generate(_cfg(users, n=20_000))
+    grouping = group_by_user(arrays["user"], users.num_users)
+    gather = ArrayGather({key: value[grouping.order] for key, value in arrays.items()})
+    sampler = UserPoissonSampler(grouping.offsets, 200.0, 4, NoiseSource.reproducible(0))
+    drawn = sampler.draw(0)
+    batch = gather(drawn.rows)
+    np.testing.assert_array_equal(batch["user"], drawn.users[drawn.segments])
+    assert np.bincount(batch["user"]).max() <= 4
+    # The most active user has far more than k examples; the cap binds there.
+    assert np.diff(grouping.offsets).max() > 100

@@ -8,6 +8,7 @@ import pytest
 from tfdp_sparse.data import movielens_synthetic as mls
 from tfdp_sparse.data import movielens_users
 from tfdp_sparse.data.movielens_examples import split_users
+from tfdp_sparse.data.movielens_synthetic_csr import generate_ratings
 from tfdp_sparse.data.movielens_users import UserTimelineExamples
 from tfdp_sparse.data.user_sampling import UserPoissonSampler
 from tfdp_sparse.noise_source import NoiseSource
@@ -22,7 +23,7 @@ def test_user_level_batches_of_synthetic_movielens():
                                        activity_exponent=1.0, seed=4)
     timelines = mls.generate_timelines(cfg)
     train, _ = split_users(timelines, 0.2, seed=0)
-    examples = UserTimelineExamples(timelines, train, context_length=5)
+    examples = UserTimelineExamples.from_timelines(timelines, train, context_length=5)
     assert examples.num_examples == sum(timelines[u].size - 1 for u in train)
     k = 3
     sampler = UserPoissonSampler(examples.offsets, 40.0, k, NoiseSource.reproducible(9))
@@ -41,8 +42,21 @@ def test_user_level_batches_of_synthetic_movielens():
 
 def test_refusals():
     with pytest.raises(ValueError, match="no timeline"):
-        UserTimelineExamples({1: np.array([1, 2])}, [2], 3)
+        UserTimelineExamples.from_timelines({1: np.array([1, 2])}, [2], 3)
     with pytest.raises(ValueError, match="at least 2 movies"):
-        UserTimelineExamples({1: np.array([1])}, [1], 3)
+        UserTimelineExamples.from_timelines({1: np.array([1])}, [1], 3)
     with pytest.raises(ValueError, match="context_length"):
-        UserTimelineExamples({1: np.array([1, 2])}, [1], 0)
+        UserTimelineExamples.from_timelines({1: np.array([1, 2])}, [1], 0)
+
+
+def test_vectorised_generator_feeds_user_level_examples():
+    cfg = mls.SyntheticMovieLensConfig(num_users=2000, num_movies=500, num_clusters=5, timeline_length=(1, 400),
+                                       activity_exponent=1.2, seed=3)
+    ratings = generate_ratings(cfg)
+    examples = UserTimelineExamples(ratings.movies, ratings.offsets, np.arange(1, 2001), context_length=4)
+    assert examples.num_examples == int(np.sum(np.maximum(np.diff(ratings.offsets) - 1, 0)))
+    drawn = UserPoissonSampler(examples.offsets, 50.0, 2, NoiseSource.reproducible(0)).draw(0)
+    batch = examples(drawn.rows)
+    user = batch["user"][0]
+    timeline = ratings.movies[ratings.offsets[user - 1]:ratings.offsets[user]]
+    assert batch["label"][0] in timeline[1:]

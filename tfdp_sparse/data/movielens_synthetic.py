@@ -28,7 +28,7 @@ from tfdp_sparse.data.zipf import TruncatedZipf
 
 MOVIELENS_20M_NUM_MOVIES = 27278
 # Rounds of drawing new movies for a user before filling up at random.
-_DRAW_ROUNDS = 20
+DRAW_ROUNDS = 20
 # Stream tag of the Zipf timeline lengths (activity_exponent set).
 _ACTIVITY_TAG = 0xAC71
 
@@ -102,14 +102,15 @@ class SyntheticMovieLens:
     vocabulary: MovieVocabulary  # identity: raw id i -> dense id i
 
 
-def _zipf_cdf(size: int, exponent: float) -> np.ndarray:
+def zipf_cdf(size: int, exponent: float) -> np.ndarray:
+    """CDF of ``P(rank r) ∝ (r + 1) ** -exponent`` over ranks ``0 .. size - 1``."""
     weights = np.arange(1, size + 1, dtype=np.float64) ** -exponent
     cdf = np.cumsum(weights)
     return cdf / cdf[-1]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Tastes:
+class Tastes:
     """Taste clusters (most popular first) with their Zipf CDFs, and the global order."""
 
     clusters: tuple
@@ -123,12 +124,12 @@ def _zipf_pick(movies: np.ndarray, cdf: np.ndarray, rng: np.random.Generator, n:
     return movies[np.minimum(np.searchsorted(cdf, rng.random(n)), movies.size - 1)]
 
 
-def _draw_timeline(rng: np.random.Generator, need: int, k: int, tastes: _Tastes,
+def _draw_timeline(rng: np.random.Generator, need: int, k: int, tastes: Tastes,
                    config: SyntheticMovieLensConfig) -> np.ndarray:
     """``need`` distinct movies for a user of cluster ``k``, in the order drawn."""
     chosen: list[np.ndarray] = []
     seen = np.zeros(0, dtype=np.int64)
-    for _ in range(_DRAW_ROUNDS):
+    for _ in range(DRAW_ROUNDS):
         draw = max(2 * (need - seen.size), 32)
         from_cluster = rng.random(draw) < config.in_cluster_probability
         pick_c = _zipf_pick(tastes.clusters[k], tastes.cluster_cdfs[k], rng, draw)
@@ -157,6 +158,22 @@ def _timeline_lengths(config: SyntheticMovieLensConfig, rng: np.random.Generator
     return np.clip(lengths.astype(np.int64), lo, hi)
 
 
+def plant(config: SyntheticMovieLensConfig, rng: np.random.Generator) -> tuple[Tastes, np.ndarray, np.ndarray]:
+    """The planted structure: taste clusters, each user's cluster ``[U + 1]`` (entry 0 unused) and timeline lengths ``[U]``.
+
+    ``rng`` is ``np.random.default_rng(config.seed)``, whose draws after this
+    call give the timelines.
+    """
+    c = config
+    perm = rng.permutation(np.arange(1, c.num_movies + 1, dtype=np.int64))
+    clusters = tuple(np.array_split(perm, c.num_clusters))
+    cluster_cdfs = [zipf_cdf(m.size, c.zipf_exponent) for m in clusters]
+    global_order = rng.permutation(np.arange(1, c.num_movies + 1, dtype=np.int64))
+    tastes = Tastes(clusters, cluster_cdfs, global_order, zipf_cdf(c.num_movies, c.zipf_exponent))
+    user_clusters = np.r_[-1, rng.integers(0, c.num_clusters, size=c.num_users)]
+    return tastes, user_clusters, _timeline_lengths(c, rng)
+
+
 def generate_synthetic(config: SyntheticMovieLensConfig) -> SyntheticMovieLens:
     """Draw the synthetic data set of ``config`` (deterministic in ``config.seed``).
 
@@ -169,21 +186,14 @@ def generate_synthetic(config: SyntheticMovieLensConfig) -> SyntheticMovieLens:
     """
     c = config
     rng = np.random.default_rng(c.seed)
-    perm = rng.permutation(np.arange(1, c.num_movies + 1, dtype=np.int64))
-    clusters = tuple(np.array_split(perm, c.num_clusters))
-    cluster_cdfs = [_zipf_cdf(m.size, c.zipf_exponent) for m in clusters]
-    global_order = rng.permutation(np.arange(1, c.num_movies + 1, dtype=np.int64))
-    global_cdf = _zipf_cdf(c.num_movies, c.zipf_exponent)
-    tastes = _Tastes(clusters, cluster_cdfs, global_order, global_cdf)
-    user_clusters = np.r_[-1, rng.integers(0, c.num_clusters, size=c.num_users)]
-    lengths = _timeline_lengths(c, rng)
+    tastes, user_clusters, lengths = plant(c, rng)
     timelines = {u: _draw_timeline(rng, int(lengths[u - 1]), int(user_clusters[u]), tastes, c)
                  for u in range(1, c.num_users + 1)}
     return SyntheticMovieLens(
         timelines=timelines,
         user_clusters=user_clusters,
-        cluster_movies=clusters,
-        global_order=global_order,
+        cluster_movies=tastes.clusters,
+        global_order=tastes.global_order,
         vocabulary=MovieVocabulary(np.arange(1, c.num_movies + 1, dtype=np.int64)),
     )
 

@@ -172,29 +172,30 @@ def _neighbour_shift(model, recorder, x, y, segments, extra_x, extra_y, clip_nor
     return float(np.linalg.norm(neighbour - base))
 
 
+@pytest.mark.parametrize("kind", ["dense", "tables"])
 @pytest.mark.parametrize("method", list(UserClipMethod))
-def test_sensitivity_one_user_moves_the_sum_by_at_most_c_and_adversarially_by_c(method):
+def test_sensitivity_one_user_moves_the_sum_by_at_most_c_and_adversarially_by_c(method, kind):
     """Adding one user with up to k examples: <= C for every added user tried, >= 0.99 C for an adversarial one."""
     rng = np.random.default_rng(7)
     k, clip_norm = 5, 0.5
     with float64():
         tf.keras.utils.set_random_seed(4)
-        model = _table_model()
+        model = MODELS[kind]()
         recorder = attach_taps(model)
-        x, y = _inputs("tables", SEGMENTS.size, rng), tf.constant(rng.normal(size=(SEGMENTS.size, 1)))
+        x, y = _inputs(kind, SEGMENTS.size, rng), tf.constant(rng.normal(size=(SEGMENTS.size, 1)))
         segments = SEGMENTS.copy()
         segments[segments == 0] = [0, 0, 0, 5]  # at most 4 < k examples per user in D
         shifts = []
         for trial in range(12):  # random users of 1..k examples, some with huge targets
             n = int(rng.integers(1, k + 1))
-            ex = _inputs("tables", n, rng)
+            ex = _inputs(kind, n, rng)
             ey = tf.constant(rng.normal(size=(n, 1)) * 10.0 ** rng.integers(-3, 4))
             shifts.append(_neighbour_shift(model, recorder, x, y, segments, ex, ey, clip_norm, method, k))
         # 1e-6: table row gradients are summed in float32 (clipping/embedding.py), so a clipped
         # norm can exceed C by float32 rounding (~1e-7 relative), the usual floating-point caveat.
         assert max(shifts) <= clip_norm * (1 + 1e-6), shifts
         # Adversarial: k copies of one example with a huge loss: aligned gradients, all clipped to the bound.
-        ex = [tf.repeat(t[:1], k, axis=0) for t in _inputs("tables", 1, rng)]
+        ex = [tf.repeat(t[:1], k, axis=0) for t in _inputs(kind, 1, rng)]
         ey = tf.fill([k, 1], tf.constant(1e4, tf.float64))
         adversarial = _neighbour_shift(model, recorder, x, y, segments, ex, ey, clip_norm, method, k)
     assert 0.99 * clip_norm <= adversarial <= clip_norm * (1 + 1e-6)

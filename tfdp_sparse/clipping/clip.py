@@ -95,7 +95,8 @@ class ClippedGradients:
         tensor, or ``None`` for variables the loss does not depend on.
       is_table: per variable, whether it is an embedding table (sparse).
       norms: per-example gradient norms before clipping ``[B]`` (``None``
-        when clipping is off).
+        when clipping is off); with per-user ``GROUP_NORM`` clipping, each
+        example's entry is the norm of its user's summed gradient.
       batch_size: the number of examples in the batch (int32 scalar).
       lookups: per variable, for tables the int64 ids ``[B, L]`` the batch
         looked up (``-1`` = padding), concatenated along ``L`` over all

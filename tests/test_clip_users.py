@@ -145,6 +145,14 @@ def test_segments_from_user_ids():
     assert seg.ids.numpy().tolist() == [0, 1, 0, 2] and int(seg.count) == 3
 
 
+def test_group_norm_refuses_a_batch_with_more_than_k_per_user():
+    model = _dense_model()
+    recorder = attach_taps(model)
+    x, y = tf.ones([10, 4]), tf.ones([10, 1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_examples_per_user=3"):
+        toolkit(model, recorder, x, y, SEGMENTS, 0.1, UserClipMethod.GROUP_NORM, k=3)  # user 0 has 4
+
+
 def test_user_level_clipping_needs_a_clip_norm():
     model = _dense_model()
     recorder = attach_taps(model)

@@ -457,10 +457,12 @@ def _scales(groups: Sequence, batch_size: tf.Tensor, clip_norm: Optional[float],
         return tf.ones([batch_size], tf.float32), None
     if users is None:
         return _example_scale(groups, batch_size, clip_norm)
-    if users.method is UserClipMethod.GROUP_NORM:
-        return user_norms.user_scale([g.group_squared_norms for g in groups], users, clip_norm)
-    with tf.control_dependencies([user_norms.check_at_most_k(users)]):  # C / k bounds a user only for <= k
-        scale, norms = _example_scale(groups, batch_size, clip_norm / users.max_examples_per_user)
+    # At most k per user: C / k bounds a user only then, and group norms stack at most k examples per user.
+    with tf.control_dependencies([user_norms.check_at_most_k(users)]):
+        if users.method is UserClipMethod.GROUP_NORM:
+            scale, norms = user_norms.user_scale([g.group_squared_norms for g in groups], users, clip_norm)
+        else:
+            scale, norms = _example_scale(groups, batch_size, clip_norm / users.max_examples_per_user)
         return tf.identity(scale), norms
 
 

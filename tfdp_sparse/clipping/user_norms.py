@@ -53,7 +53,8 @@ class UserClipMethod(enum.Enum):
 
     ``GROUP_NORM``: the exact norm of the user's summed gradient, clipped to
     ``C`` (tight). ``EXAMPLE_SHARE``: each example clipped to ``C / k``, for
-    comparison (needs the sampler's cap ``k``; checked per batch).
+    comparison. Both check per batch that no user has more than the
+    sampler's cap ``k`` examples.
     """
 
     GROUP_NORM = "group_norm"
@@ -168,10 +169,14 @@ def user_scale(per_user_squared: Sequence[Callable[[UserSegments], tf.Tensor]], 
 
 
 def check_at_most_k(users: UserClipping) -> tf.Operation:
-    """Fails the step if a user has more than ``k`` examples (``EXAMPLE_SHARE``'s bound needs it)."""
+    """Fails the step if a user has more than ``k`` examples.
+
+    ``EXAMPLE_SHARE``'s bound needs it, and it keeps :func:`pad_by_user` at
+    ``U k`` rows; a batch of the user-level sampler never fails it.
+    """
     segments = users.segments
     counts = tf.math.unsorted_segment_sum(tf.ones_like(segments.ids), segments.ids, segments.count)
     return tf.debugging.assert_less_equal(
         counts, tf.constant(users.max_examples_per_user, counts.dtype),
         message=f"a user has more than max_examples_per_user={users.max_examples_per_user} examples in the "
-                "batch: clipping each example to C/k bounds a user by C only for at most k examples")
+                "batch; batches must come from the user-level sampler (UserPoissonSampler) with the same k")

@@ -59,6 +59,7 @@ from tfdp_sparse.clipping import einsum_dense as einsum_norms
 from tfdp_sparse.clipping import embedding as embedding_norms
 from tfdp_sparse.clipping import generic
 from tfdp_sparse.clipping import layer_norm as layer_norm_norms
+from tfdp_sparse.clipping import user_norms
 from tfdp_sparse.clipping.coverage import (
     SUPPORTED_LAYERS,
     UnsupportedLayerError,
@@ -77,6 +78,7 @@ from tfdp_sparse.clipping.taps import (
     WeightTap,
     ghost_backward,
 )
+from tfdp_sparse.clipping.user_norms import UserClipMethod, UserClipping, UserSegments
 from tfdp_sparse.tables import table_parts, variable_key
 
 __all__ = ["ClippedGradients", "UnsupportedLayerError", "clip_gradients", "validate_clip_norm"]
@@ -93,7 +95,8 @@ class ClippedGradients:
         tensor, or ``None`` for variables the loss does not depend on.
       is_table: per variable, whether it is an embedding table (sparse).
       norms: per-example gradient norms before clipping ``[B]`` (``None``
-        when clipping is off).
+        when clipping is off); with per-user ``GROUP_NORM`` clipping, each
+        example's entry is the norm of its user's summed gradient.
       batch_size: the number of examples in the batch (int32 scalar).
       lookups: per variable, for tables the int64 ids ``[B, L]`` the batch
         looked up (``-1`` = padding), concatenated along ``L`` over all
@@ -157,10 +160,20 @@ def clip_gradients(
     variables: Sequence[tf.Variable],
     recorded: Sequence[Tap],
     clip_norm: Optional[float],
+    users: Optional[UserClipping] = None,
 ) -> ClippedGradients:
-    """Summed per-example-clipped gradients of ``variables`` (see module doc)."""
+    """Summed per-example-clipped gradients of ``variables`` (see module doc).
+
+    ``users`` (user-level DP, :mod:`tfdp_sparse.clipping.user_norms`): clip
+    each user's summed gradient to ``clip_norm`` (``GROUP_NORM``) or each
+    example to ``clip_norm / k`` (``EXAMPLE_SHARE``); ``norms`` are then
+    each example's user norm (``GROUP_NORM``). Needs ``clip_norm``.
+    """
     validate_clip_norm(clip_norm)
     _check_loss(per_example_loss)
+    if users is not None and (clip_norm is None or not isinstance(users, UserClipping)):
+        raise ValueError(f"user-level clipping needs a clip_norm and a UserClipping, got clip_norm={clip_norm!r}, "
+                         f"users={type(users).__name__}")
     if clip_norm is not None:
         check_layers_covered(recorded)
     keys = [variable_key(v) for v in variables]
@@ -173,7 +186,7 @@ def clip_gradients(
         for (key, group), table_direct in zip(plan.table_taps.items(), grads.tables)
     ]
     with tf.control_dependencies([c for c in checks if c is not None]):
-        return _clip_groups(per_example_loss, groups, keys, plan.table_taps, grads.direct, clip_norm)
+        return _clip_groups(per_example_loss, groups, keys, plan.table_taps, grads.direct, clip_norm, users)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,6 +339,9 @@ class _TableGroup:
     def squared_norms(self) -> tf.Tensor:
         return embedding_norms.squared_norms(self.taps, self.grads)
 
+    def group_squared_norms(self, segments: UserSegments) -> tf.Tensor:
+        return embedding_norms.group_squared_norms(self.taps, self.grads, segments)
+
     def clipped(self, scale: tf.Tensor) -> dict:
         return {self.key: embedding_norms.clipped_gradient(self.taps, self.grads, scale)}
 
@@ -340,6 +356,9 @@ class _WeightGroup:
 
     def squared_norms(self) -> tf.Tensor:
         return self.module.squared_norms(self.taps, self.grads)
+
+    def group_squared_norms(self, segments: UserSegments) -> tf.Tensor:
+        return self.module.group_squared_norms(self.taps, self.grads, segments)
 
     def clipped(self, scale: tf.Tensor) -> dict:
         clipped = self.module.clipped_gradients(self.taps, self.grads, scale)
@@ -362,6 +381,9 @@ class _GenericGroup:
 
     def squared_norms(self) -> tf.Tensor:
         return generic.squared_norms(self.per_example())
+
+    def group_squared_norms(self, segments: UserSegments) -> tf.Tensor:
+        return generic.group_squared_norms(self.per_example(), segments)
 
     def clipped(self, scale: tf.Tensor) -> dict:
         grads = generic.clipped_gradients(self.per_example(), scale, self.variables)
@@ -412,20 +434,10 @@ def _weight_key(tap: WeightTap):
     return next((w.ref() for w in tap.weights if w is not None), None)
 
 
-def _clip_groups(per_example_loss, groups, keys, table_taps, direct, clip_norm) -> ClippedGradients:
+def _clip_groups(per_example_loss, groups, keys, table_taps, direct, clip_norm, users) -> ClippedGradients:
     """Norms, scales and clipped sums of the live tap groups."""
     batch_size = tf.shape(per_example_loss)[0]
-    if clip_norm is None:
-        norms = None
-        scale = tf.ones([batch_size], tf.float32)
-    else:
-        squared = tf.zeros([batch_size], tf.float64)  # float64 sum: float64 models keep their precision
-        for group in groups:
-            squared += tf.cast(group.squared_norms(), tf.float64)
-        exact_norms = tf.sqrt(squared)
-        scale = tf.minimum(tf.constant(1.0, tf.float64), clip_norm / tf.maximum(exact_norms, 1e-12))
-        norms = tf.cast(exact_norms, tf.float32)
-
+    scale, norms = _scales(groups, batch_size, clip_norm, users)
     by_key: dict = dict(direct)
     for group in groups:
         by_key.update(group.clipped(scale))
@@ -436,6 +448,32 @@ def _clip_groups(per_example_loss, groups, keys, table_taps, direct, clip_norm) 
         batch_size=batch_size,
         lookups=[_lookup_ids(table_taps[k]) if k in table_taps else None for k in keys],
     )
+
+
+def _scales(groups: Sequence, batch_size: tf.Tensor, clip_norm: Optional[float],
+            users: Optional[UserClipping]) -> tuple[tf.Tensor, Optional[tf.Tensor]]:
+    """Each example's clip factor ``[B]`` and the norms reported (``None`` without clipping)."""
+    if clip_norm is None:
+        return tf.ones([batch_size], tf.float32), None
+    if users is None:
+        return _example_scale(groups, batch_size, clip_norm)
+    # At most k per user: C / k bounds a user only then, and group norms stack at most k examples per user.
+    with tf.control_dependencies([user_norms.check_at_most_k(users)]):
+        if users.method is UserClipMethod.GROUP_NORM:
+            scale, norms = user_norms.user_scale([g.group_squared_norms for g in groups], users, clip_norm)
+        else:
+            scale, norms = _example_scale(groups, batch_size, clip_norm / users.max_examples_per_user)
+        return tf.identity(scale), norms
+
+
+def _example_scale(groups: Sequence, batch_size: tf.Tensor, clip_norm: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(scale [B] float64, norms [B] float32)``: per-example factors ``min(1, C / ||g_i||)`` and norms."""
+    squared = tf.zeros([batch_size], tf.float64)  # float64 sum: float64 models keep their precision
+    for group in groups:
+        squared += tf.cast(group.squared_norms(), tf.float64)
+    exact_norms = tf.sqrt(squared)
+    scale = tf.minimum(tf.constant(1.0, tf.float64), clip_norm / tf.maximum(exact_norms, 1e-12))
+    return scale, tf.cast(exact_norms, tf.float32)
 
 
 def _lookup_ids(tap_list: Sequence[EmbeddingTap]) -> tf.Tensor:

@@ -25,7 +25,9 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from tfdp_sparse.clipping import user_norms
 from tfdp_sparse.clipping.taps import DenseTap, accumulation_dtype
+from tfdp_sparse.clipping.user_norms import UserSegments
 
 
 def _stack(tap_list: Sequence[DenseTap], grads: Sequence[tf.Tensor]):
@@ -51,6 +53,20 @@ def squared_norms(tap_list: Sequence[DenseTap], grads: Sequence[tf.Tensor]) -> t
     if tap_list[0].bias is None:
         return kernel_sq
     return kernel_sq + tf.reduce_sum(tf.square(tf.reduce_sum(delta, axis=1)), axis=1)
+
+
+def group_squared_norms(tap_list: Sequence[DenseTap], grads: Sequence[tf.Tensor], segments: UserSegments) -> tf.Tensor:
+    """Per-user squared norm ``[U]`` of the layer's kernel and bias gradient summed over each user's examples.
+
+    Kernel: :func:`~tfdp_sparse.clipping.user_norms.kernel_group_squared_norms`
+    (``sum_{i,j in u} (a_i . a_j)(delta_i . delta_j)`` for one position); bias:
+    ``||sum_{i in u} sum_t delta_{i,t}||^2``.
+    """
+    a, delta = _stack(tap_list, grads)
+    kernel_sq = user_norms.kernel_group_squared_norms(a, delta, segments)
+    if tap_list[0].bias is None:
+        return kernel_sq
+    return kernel_sq + user_norms.segment_squared_norms(tf.reduce_sum(delta, axis=1), segments)
 
 
 def kernel_squared_norms(a: tf.Tensor, delta: tf.Tensor, single_position: bool = False) -> tf.Tensor:

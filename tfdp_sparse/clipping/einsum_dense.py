@@ -34,8 +34,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse.clipping import dense, generic, taps
+from tfdp_sparse.clipping import dense, generic, taps, user_norms
 from tfdp_sparse.clipping.taps import EinsumDenseTap, accumulation_dtype
+from tfdp_sparse.clipping.user_norms import UserSegments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +168,16 @@ def squared_norms(tap_list: Sequence[EinsumDenseTap], grads: Sequence[tf.Tensor]
         return kernel_sq
     bias = _bias_per_example(tap_list, grads)
     return kernel_sq + tf.reduce_sum(tf.reshape(tf.square(bias), [tf.shape(bias)[0], -1]), axis=1)
+
+
+def group_squared_norms(tap_list: Sequence[EinsumDenseTap], grads: Sequence[tf.Tensor],
+                        segments: UserSegments) -> tf.Tensor:
+    """Per-user squared norm ``[U]`` of the kernel and bias gradients summed over each user's examples."""
+    a, delta = _stack(tap_list, grads)
+    kernel_sq = user_norms.kernel_group_squared_norms(a, delta, segments)
+    if tap_list[0].bias is None:
+        return kernel_sq
+    return kernel_sq + user_norms.segment_squared_norms(_bias_per_example(tap_list, grads), segments)
 
 
 def clipped_gradients(tap_list: Sequence[EinsumDenseTap], grads: Sequence[tf.Tensor], scale: tf.Tensor

@@ -25,6 +25,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from tfdp_sparse.clipping.taps import EmbeddingTap
+from tfdp_sparse.clipping.user_norms import UserSegments
 
 
 def _stack(tap_list: Sequence[EmbeddingTap], grads: Sequence[tf.Tensor]):
@@ -46,15 +47,37 @@ def squared_norms(tap_list: Sequence[EmbeddingTap], grads: Sequence[tf.Tensor]) 
     batch = tf.shape(ids, out_type=tf.int64)[0]
     if ids.shape[1] == 1:  # single-id lookups: no repeats possible
         return tf.reduce_sum(tf.square(delta), axis=[1, 2])
-    vocab = tf.constant(int(tap_list[0].table.shape[0]), tf.int64)
+    return _owner_squared_norms(ids, delta, int(tap_list[0].table.shape[0]), tf.range(batch), batch)
+
+
+def group_squared_norms(tap_list: Sequence[EmbeddingTap], grads: Sequence[tf.Tensor],
+                        segments: UserSegments) -> tf.Tensor:
+    """Per-user squared norm ``[U]`` of one table's gradient summed over each user's examples.
+
+    Rows are summed per (user, id) before squaring, so an id a user looks up
+    in several examples counts once, with its summed gradient.
+
+    Example: a user whose two examples look up id 3 with row gradients
+    ``[1]`` and ``[2]`` has ``||G_u||^2 = (1 + 2)^2 = 9`` (not ``1 + 4``).
+    """
+    ids, delta = _stack(tap_list, grads)
+    owner = tf.cast(segments.ids, tf.int64)
+    return _owner_squared_norms(ids, delta, int(tap_list[0].table.shape[0]), owner,
+                                tf.cast(segments.count, tf.int64))
+
+
+def _owner_squared_norms(ids: tf.Tensor, delta: tf.Tensor, vocab: int, owner: tf.Tensor,
+                         num_owners: tf.Tensor) -> tf.Tensor:
+    """``[num_owners]``: ``sum_r ||sum of the owner's row gradients at r||^2``; ``owner [B]`` is each example's owner."""
+    vocab = tf.constant(vocab, tf.int64)
     valid = ids >= 0
-    example = tf.broadcast_to(tf.range(batch)[:, tf.newaxis], tf.shape(ids, out_type=tf.int64))
-    keys = tf.boolean_mask(example * vocab + ids, valid)
+    example_owner = tf.broadcast_to(owner[:, tf.newaxis], tf.shape(ids, out_type=tf.int64))
+    keys = tf.boolean_mask(example_owner * vocab + ids, valid)
     values = tf.boolean_mask(delta, valid)
     unique_keys, position = tf.unique(keys)
     per_row = tf.math.unsorted_segment_sum(values, position, tf.size(unique_keys))
     per_row_sq = tf.reduce_sum(tf.square(per_row), axis=1)
-    return tf.math.unsorted_segment_sum(per_row_sq, unique_keys // vocab, batch)
+    return tf.math.unsorted_segment_sum(per_row_sq, unique_keys // vocab, num_owners)
 
 
 def clipped_gradient(

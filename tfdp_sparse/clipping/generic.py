@@ -38,8 +38,9 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping import taps
+from tfdp_sparse.clipping import taps, user_norms
 from tfdp_sparse.clipping.taps import GenericTap
+from tfdp_sparse.clipping.user_norms import UserSegments
 
 logger = logging.getLogger("tfdp_sparse.clipping")
 
@@ -182,6 +183,11 @@ def per_example_gradients(tap_list: Sequence[GenericTap], grads: Sequence[Sequen
 def squared_norms(per_example: tf.Tensor) -> tf.Tensor:
     """``[B]``: ``||g_i||^2`` from :func:`per_example_gradients`."""
     return tf.reduce_sum(tf.square(per_example), axis=1)
+
+
+def group_squared_norms(per_example: tf.Tensor, segments: UserSegments) -> tf.Tensor:
+    """``[U]``: ``||sum_{i in u} g_i||^2`` from :func:`per_example_gradients` (exact: the gradients are materialised)."""
+    return user_norms.segment_squared_norms(per_example, segments)
 
 
 def clipped_gradients(per_example: tf.Tensor, scale: tf.Tensor, variables: Sequence[tf.Variable]) -> list[tf.Tensor]:

@@ -27,8 +27,9 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping import taps
+from tfdp_sparse.clipping import taps, user_norms
 from tfdp_sparse.clipping.taps import LayerNormTap, accumulation_dtype
+from tfdp_sparse.clipping.user_norms import UserSegments
 
 _LOW_PRECISION = (tf.float16, tf.bfloat16)
 
@@ -101,6 +102,13 @@ def squared_norms(tap_list: Sequence[LayerNormTap], grads: Sequence[tf.Tensor]) 
     """Per-example squared norm ``[B]`` of the ``gamma`` and ``beta`` gradients."""
     gamma, beta = per_example_gradients(tap_list, grads)
     return _flat_squares(gamma) + _flat_squares(beta)
+
+
+def group_squared_norms(tap_list: Sequence[LayerNormTap], grads: Sequence[tf.Tensor],
+                        segments: UserSegments) -> tf.Tensor:
+    """Per-user squared norm ``[U]`` of the ``gamma`` and ``beta`` gradients summed over each user's examples."""
+    return sum(user_norms.segment_squared_norms(g, segments)
+               for g in per_example_gradients(tap_list, grads) if g is not None)
 
 
 def clipped_gradients(tap_list: Sequence[LayerNormTap], grads: Sequence[tf.Tensor], scale: tf.Tensor

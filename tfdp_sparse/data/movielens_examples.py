@@ -110,12 +110,24 @@ class _TimelineIndex:
             k = rng.integers(0, self.cum_positions[-1], size=n)
             u = np.searchsorted(self.cum_positions, k, side="right")
             p = 1 + k - np.r_[0, self.cum_positions][u]
-        base = self.offsets[u] + p
-        rel = np.arange(-context_length, 0, dtype=np.int64)
-        valid = (p[:, None] + rel[None, :]) >= 0
-        idx = np.where(valid, base[:, None] + rel[None, :], 0)
-        context = np.where(valid, self.flat[idx], pad_value).astype(np.int32)
-        return {"context": context, "label": self.flat[base].astype(np.int32)}
+        return next_movie_examples(self.flat, self.offsets[u], p, context_length, pad_value)
+
+
+def next_movie_examples(flat: np.ndarray, starts: np.ndarray, positions: np.ndarray, context_length: int,
+                        pad_value: int) -> dict[str, np.ndarray]:
+    """Examples of timelines stored back to back in ``flat``: the timeline starting at ``starts[i]``, label at ``positions[i]``.
+
+    The context is the up to ``context_length`` movies before the label
+    (most recent last), left-padded with ``pad_value``.
+
+    Example: ``flat = [5, 6, 7]``, start 0, position 2, ``L = 3`` give context ``[0, 5, 6]``, label 7.
+    """
+    base = starts + positions
+    rel = np.arange(-context_length, 0, dtype=np.int64)
+    valid = (positions[:, None] + rel[None, :]) >= 0
+    idx = np.where(valid, base[:, None] + rel[None, :], 0)
+    context = np.where(valid, flat[idx], pad_value).astype(np.int32)
+    return {"context": context, "label": flat[base].astype(np.int32)}
 
 
 def _check_sampling_args(num: int, name: str, context_length: int) -> None:

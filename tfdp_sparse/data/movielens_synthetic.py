@@ -19,14 +19,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from typing import Optional
 
 import numpy as np
 
 from tfdp_sparse.data.movielens_vocabulary import MovieVocabulary
+from tfdp_sparse.data.zipf import TruncatedZipf
 
 MOVIELENS_20M_NUM_MOVIES = 27278
 # Rounds of drawing new movies for a user before filling up at random.
-_DRAW_ROUNDS = 20
+DRAW_ROUNDS = 20
+# Stream tag of the Zipf timeline lengths (activity_exponent set).
+_ACTIVITY_TAG = 0xAC71
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +46,14 @@ class SyntheticMovieLensConfig:
     rates each movie at most once.  Timeline lengths are log-uniform in
     ``timeline_length`` (inclusive).  The context reveals the cluster, so it
     predicts the label (a co-occurrence baseline beats global popularity).
+
+    ``activity_exponent`` (issue 20, user-level DP): ``None`` keeps the
+    log-uniform lengths (and every output as before); a number ``s`` makes
+    the length ``lo + r`` with ``r`` Zipf(``s``) over ``0 .. hi - lo``, so a
+    few users rate many movies and most rate few, as in real logs. The
+    user's cluster is the user's preference.
+
+    Example: ``SyntheticMovieLensConfig(num_users=10**5, timeline_length=(5, 2000), activity_exponent=1.0)``.
     """
 
     num_users: int = 10_000
@@ -51,8 +63,12 @@ class SyntheticMovieLensConfig:
     timeline_length: tuple = (20, 200)
     in_cluster_probability: float = 0.8
     seed: int = 0
+    activity_exponent: Optional[float] = None
 
     def __post_init__(self):
+        s = self.activity_exponent
+        if s is not None and (isinstance(s, bool) or not isinstance(s, numbers.Real) or not 0 < s <= 5):
+            raise ValueError(f"activity_exponent must be None or in (0, 5], got {s!r}")
         for name in ("num_users", "num_movies", "num_clusters"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
@@ -86,14 +102,15 @@ class SyntheticMovieLens:
     vocabulary: MovieVocabulary  # identity: raw id i -> dense id i
 
 
-def _zipf_cdf(size: int, exponent: float) -> np.ndarray:
+def zipf_cdf(size: int, exponent: float) -> np.ndarray:
+    """CDF of ``P(rank r) ∝ (r + 1) ** -exponent`` over ranks ``0 .. size - 1``."""
     weights = np.arange(1, size + 1, dtype=np.float64) ** -exponent
     cdf = np.cumsum(weights)
     return cdf / cdf[-1]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Tastes:
+class Tastes:
     """Taste clusters (most popular first) with their Zipf CDFs, and the global order."""
 
     clusters: tuple
@@ -107,12 +124,12 @@ def _zipf_pick(movies: np.ndarray, cdf: np.ndarray, rng: np.random.Generator, n:
     return movies[np.minimum(np.searchsorted(cdf, rng.random(n)), movies.size - 1)]
 
 
-def _draw_timeline(rng: np.random.Generator, need: int, k: int, tastes: _Tastes,
+def _draw_timeline(rng: np.random.Generator, need: int, k: int, tastes: Tastes,
                    config: SyntheticMovieLensConfig) -> np.ndarray:
     """``need`` distinct movies for a user of cluster ``k``, in the order drawn."""
     chosen: list[np.ndarray] = []
     seen = np.zeros(0, dtype=np.int64)
-    for _ in range(_DRAW_ROUNDS):
+    for _ in range(DRAW_ROUNDS):
         draw = max(2 * (need - seen.size), 32)
         from_cluster = rng.random(draw) < config.in_cluster_probability
         pick_c = _zipf_pick(tastes.clusters[k], tastes.cluster_cdfs[k], rng, draw)
@@ -131,6 +148,32 @@ def _draw_timeline(rng: np.random.Generator, need: int, k: int, tastes: _Tastes,
     return seen
 
 
+def _timeline_lengths(config: SyntheticMovieLensConfig, rng: np.random.Generator) -> np.ndarray:
+    """``[U]`` timeline lengths: log-uniform from ``rng``, or Zipf activity from a stream of its own."""
+    lo, hi = config.timeline_length
+    if config.activity_exponent is not None:
+        zipf = TruncatedZipf(hi - lo + 1, float(config.activity_exponent))
+        return lo + zipf.sample(np.random.default_rng([config.seed, _ACTIVITY_TAG]), config.num_users)
+    lengths = np.floor(np.exp(rng.uniform(math.log(lo), math.log(hi + 1), size=config.num_users)))
+    return np.clip(lengths.astype(np.int64), lo, hi)
+
+
+def plant(config: SyntheticMovieLensConfig, rng: np.random.Generator) -> tuple[Tastes, np.ndarray, np.ndarray]:
+    """The planted structure: taste clusters, each user's cluster ``[U + 1]`` (entry 0 unused) and timeline lengths ``[U]``.
+
+    ``rng`` is ``np.random.default_rng(config.seed)``, whose draws after this
+    call give the timelines.
+    """
+    c = config
+    perm = rng.permutation(np.arange(1, c.num_movies + 1, dtype=np.int64))
+    clusters = tuple(np.array_split(perm, c.num_clusters))
+    cluster_cdfs = [zipf_cdf(m.size, c.zipf_exponent) for m in clusters]
+    global_order = rng.permutation(np.arange(1, c.num_movies + 1, dtype=np.int64))
+    tastes = Tastes(clusters, cluster_cdfs, global_order, zipf_cdf(c.num_movies, c.zipf_exponent))
+    user_clusters = np.r_[-1, rng.integers(0, c.num_clusters, size=c.num_users)]
+    return tastes, user_clusters, _timeline_lengths(c, rng)
+
+
 def generate_synthetic(config: SyntheticMovieLensConfig) -> SyntheticMovieLens:
     """Draw the synthetic data set of ``config`` (deterministic in ``config.seed``).
 
@@ -143,23 +186,14 @@ def generate_synthetic(config: SyntheticMovieLensConfig) -> SyntheticMovieLens:
     """
     c = config
     rng = np.random.default_rng(c.seed)
-    perm = rng.permutation(np.arange(1, c.num_movies + 1, dtype=np.int64))
-    clusters = tuple(np.array_split(perm, c.num_clusters))
-    cluster_cdfs = [_zipf_cdf(m.size, c.zipf_exponent) for m in clusters]
-    global_order = rng.permutation(np.arange(1, c.num_movies + 1, dtype=np.int64))
-    global_cdf = _zipf_cdf(c.num_movies, c.zipf_exponent)
-    tastes = _Tastes(clusters, cluster_cdfs, global_order, global_cdf)
-    user_clusters = np.r_[-1, rng.integers(0, c.num_clusters, size=c.num_users)]
-    lo, hi = c.timeline_length
-    lengths = np.floor(np.exp(rng.uniform(math.log(lo), math.log(hi + 1), size=c.num_users)))
-    lengths = np.clip(lengths.astype(np.int64), lo, hi)
+    tastes, user_clusters, lengths = plant(c, rng)
     timelines = {u: _draw_timeline(rng, int(lengths[u - 1]), int(user_clusters[u]), tastes, c)
                  for u in range(1, c.num_users + 1)}
     return SyntheticMovieLens(
         timelines=timelines,
         user_clusters=user_clusters,
-        cluster_movies=clusters,
-        global_order=global_order,
+        cluster_movies=tastes.clusters,
+        global_order=tastes.global_order,
         vocabulary=MovieVocabulary(np.arange(1, c.num_movies + 1, dtype=np.int64)),
     )
 

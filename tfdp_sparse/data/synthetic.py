@@ -56,12 +56,14 @@ from tfdp_sparse.data.synthetic_model import (
     sigmoid,
     true_logits,
 )
+from tfdp_sparse.data.synthetic_users import SyntheticUsers, draw_users, user_preferences
 from tfdp_sparse.data.zipf import ZIPF_EXACT_HEAD, TruncatedZipf
 
 __all__ = [
     "MAX_TABLE_ROWS",
     "ZIPF_EXACT_HEAD",
     "SyntheticCriteoConfig",
+    "SyntheticUsers",
     "TruncatedZipf",
     "bayes_optimal_auc",
     "bucket_weights",
@@ -95,7 +97,10 @@ def generate(config: SyntheticCriteoConfig, *, sample_seed: Optional[int] = None
 
     Returns:
       ``{"cat": int64 [N, F], "dense": float32 [N, 13], "label": float32 [N],
-      "prob": float32 [N]}`` where ``prob`` is the true click probability.
+      "prob": float32 [N]}`` where ``prob`` is the true click probability;
+      with ``config.users`` also ``"user": int64 [N]`` (drawn from a stream
+      of its own, so ``cat`` and ``dense`` are those of the same config
+      without users), and ``prob`` includes the user's preference.
 
     Example: ``generate(SyntheticCriteoConfig(num_examples=5))["cat"].shape == (5, 26)``.
     """
@@ -109,10 +114,16 @@ def generate(config: SyntheticCriteoConfig, *, sample_seed: Optional[int] = None
     dense = sample_dense(rng, n)
     logit += model.intercept
     logit += model.dense_logit(dense)
+    users = None
+    if config.users is not None:
+        users = draw_users(config.users, config.seed, _sample_stream(config, 0x05E2, sample_seed), n)
+        logit += user_preferences(config.users, config.seed, users)
     prob = sigmoid(logit)
     label = (rng.random(n) < prob).astype(np.float32)
-    return {"cat": cat, "dense": dense.astype(np.float32), "label": label,
-            "prob": prob.astype(np.float32)}
+    arrays = {"cat": cat, "dense": dense.astype(np.float32), "label": label, "prob": prob.astype(np.float32)}
+    if users is not None:
+        arrays["user"] = users
+    return arrays
 
 
 def bayes_optimal_auc(config: SyntheticCriteoConfig, n: int = 200_000,

@@ -20,6 +20,7 @@ from typing import Optional
 
 from tfdp_sparse.data.checks import is_int, is_real
 from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES
+from tfdp_sparse.data.synthetic_users import SyntheticUsers
 
 MAX_TABLE_ROWS: int = 10**7
 
@@ -42,6 +43,12 @@ class SyntheticCriteoConfig:
       base_rate: mean click probability (the intercept is calibrated to it).
       signal_features: indices of the categorical features carrying signal;
         ``None`` means the even indices (13 of 26 features).
+      users: ``None`` (the default): examples have no user, and ``generate``
+        returns exactly what it did before users existed. A
+        :class:`~tfdp_sparse.data.synthetic_users.SyntheticUsers`: every
+        example gets a ``"user"`` (Zipf activity) whose preference shifts its
+        logit (issue 20; the mean click rate then drifts slightly from
+        ``base_rate``).
 
     Example: ``SyntheticCriteoConfig(num_examples=10, vocab_scale=10.0).table_sizes[2] == 827410``.
     """
@@ -54,8 +61,11 @@ class SyntheticCriteoConfig:
     signal_strength: float = 1.2
     base_rate: float = 0.25
     signal_features: Optional[tuple[int, ...]] = None
+    users: Optional[SyntheticUsers] = None
 
     def __post_init__(self):
+        if self.users is not None and not isinstance(self.users, SyntheticUsers):
+            raise ValueError(f"users must be None or a SyntheticUsers, got {self.users!r}")
         if not is_int(self.num_examples) or self.num_examples < 1:
             raise ValueError(f"num_examples must be a positive integer, got {self.num_examples!r}")
         try:

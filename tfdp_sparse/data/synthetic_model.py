@@ -33,6 +33,7 @@ import numpy as np
 
 from tfdp_sparse.data.checks import is_int
 from tfdp_sparse.data.criteo_schema import NUM_DENSE
+from tfdp_sparse.data.hashing import feature_key, hashed_normal
 from tfdp_sparse.data.synthetic_config import SyntheticCriteoConfig
 from tfdp_sparse.data.zipf import TruncatedZipf, draw_scatter
 
@@ -48,43 +49,6 @@ _MAX_RESCALE = 3.0
 _DENSE_MISSING = (0.45, 0.0, 0.21, 0.22, 0.03, 0.22, 0.04, 0.0, 0.04, 0.45, 0.04, 0.77, 0.22)
 _DENSE_LOG_MEAN = (0.8, 2.5, 2.0, 1.5, 7.5, 3.5, 1.2, 2.3, 3.8, 0.3, 1.0, 0.5, 1.5)
 _DENSE_LOG_STD = (1.0, 1.5, 1.2, 1.0, 1.5, 1.3, 1.2, 1.0, 1.2, 0.8, 1.0, 0.9, 1.1)
-
-_MASK64 = (1 << 64) - 1
-
-
-# ----------------------------------------------------------------------------
-# Hashing (splitmix64) for per-bucket weights
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """Vectorised splitmix64 finaliser on a uint64 array (wrapping arithmetic)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x
-
-
-def _splitmix64_int(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def _feature_key(seed: int, feature: int) -> int:
-    return _splitmix64_int(_splitmix64_int(seed & _MASK64) ^ (feature + 1))
-
-
-def _hashed_normal(key: int, ids: np.ndarray) -> np.ndarray:
-    h1 = _splitmix64(np.asarray(ids, dtype=np.int64).astype(np.uint64) ^ np.uint64(key))
-    h2 = _splitmix64(h1.copy())
-    u1 = ((h1 >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0**-53  # (0, 1]
-    u2 = (h2 >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
-
 
 def _feature_sigma(config: SyntheticCriteoConfig, feature: int) -> float:
     signal = config.signal_feature_indices
@@ -108,7 +72,7 @@ def bucket_weights(config: SyntheticCriteoConfig, feature: int, ids) -> np.ndarr
     table = planted_model(config).tables[int(feature)]
     if table.sigma == 0.0:
         return np.zeros(ids.shape, dtype=np.float64)
-    return table.sigma * _hashed_normal(table.key, ids)
+    return table.sigma * hashed_normal(table.key, ids)
 
 
 # ----------------------------------------------------------------------------
@@ -165,7 +129,7 @@ def sample_categorical(model: PlantedModel, rng: np.random.Generator, n: int):
             w = t.head_weights[np.minimum(ranks, t.zipf.head - 1)]
             if not np.all(head):
                 tail = ~head
-                w[tail] = t.sigma * _hashed_normal(t.key, ids[tail])
+                w[tail] = t.sigma * hashed_normal(t.key, ids[tail])
             logit += w
     return cat, logit
 
@@ -175,10 +139,10 @@ def _make_table(config: SyntheticCriteoConfig, f: int, size: int, rng: np.random
     mult, offset = draw_scatter(size, rng)
     zipf = TruncatedZipf(size, config.zipf_exponent)
     sigma = _feature_sigma(config, f)
-    table = _Table(size, mult, offset, zipf, sigma, _feature_key(config.seed, f), None)
+    table = _Table(size, mult, offset, zipf, sigma, feature_key(config.seed, f), None)
     if sigma > 0:
         head_ids = (np.arange(zipf.head, dtype=np.int64) * mult + offset) % size
-        normal = _hashed_normal(table.key, head_ids)
+        normal = hashed_normal(table.key, head_ids)
         # Rescale so the realised std of w_f[id] under the Zipf law is sigma
         # (a few popular ids dominate; this keeps the AUC stable across seeds).
         p_head = zipf.pmf(np.arange(zipf.head))
@@ -224,7 +188,7 @@ def planted_model(config: SyntheticCriteoConfig) -> PlantedModel:
 
     Example: ``planted_model(cfg) is planted_model(dataclasses.replace(cfg, num_examples=7))``.
     """
-    return _planted_model_of_key(dataclasses.replace(config, num_examples=1))
+    return _planted_model_of_key(dataclasses.replace(config, num_examples=1, users=None))
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -236,7 +200,8 @@ def true_logits(config: SyntheticCriteoConfig, cat, dense) -> np.ndarray:
     """Planted logit of arbitrary examples ``cat [N, F]``, ``dense [N, 13]`` (float64).
 
     ``sigmoid(true_logits(cfg, a["cat"], a["dense"]))`` reproduces
-    ``generate(cfg)["prob"]``.
+    ``generate(cfg)["prob"]``; with ``cfg.users`` add the users' preferences
+    (:func:`tfdp_sparse.data.synthetic_users.user_preferences`) first.
     """
     model = planted_model(config)
     cat = np.asarray(cat, dtype=np.int64)

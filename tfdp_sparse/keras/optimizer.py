@@ -43,6 +43,7 @@ from typing import Iterator, Optional, Sequence
 import tensorflow as tf
 
 from tfdp_sparse.clipping.clip import clip_gradients
+from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.clipping.registry import LayerRegistry, attach_taps, unattached_layers
 from tfdp_sparse.clipping.taps import TapRecorder
 from tfdp_sparse.mechanisms.base import Mechanism
@@ -248,8 +249,13 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             self.dense_optimizer.build([v for v in variables if variable_key(v) not in tables])
 
     def private_step(self, per_example_loss: tf.Tensor, var_list, tape: tf.GradientTape,
-                     regularization_grads: Optional[Sequence] = None) -> tf.Operation:
+                     regularization_grads: Optional[Sequence] = None,
+                     users: Optional[UserClipping] = None) -> tf.Operation:
         """Clip, noise and apply one step (the body of ``minimize``).
+
+        ``users`` (user-level DP): the batch's user segments, cap ``k`` and
+        method; each user's summed gradient is clipped to ``C`` instead of each
+        example's (:mod:`tfdp_sparse.clipping.user_norms`).
 
         ``regularization_grads`` (aligned with ``var_list``, ``None`` entries
         allowed): gradients of weight regularizers, which depend on no example;
@@ -260,7 +266,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             raise ValueError("DPOptimizer needs the GradientTape that recorded the forward pass")
         var_list = list(var_list() if callable(var_list) else var_list)
         recorded = self.recorder().take()
-        clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip)
+        clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip, users=users)
         # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
         # map uses them; unused, their ops are pruned from the traced step).
         noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups)

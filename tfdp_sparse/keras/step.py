@@ -19,7 +19,9 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from tfdp_sparse.clipping.user_norms import UserClipping, UserSegments
 from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.keras.regularization import regularization_gradients
 
 PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -27,15 +29,16 @@ PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 ForwardLoss = Callable[[object, object], tuple]
 
 
-def private_train_step(model: tf.keras.Model, forward_loss: ForwardLoss, optimizer: DPOptimizer, x, y
-                       ) -> tuple[Optional[tf.Tensor], tf.Tensor, tf.Operation]:
+def private_train_step(model: tf.keras.Model, forward_loss: ForwardLoss, optimizer: DPOptimizer, x, y,
+                       users: Optional[UserClipping] = None) -> tuple[Optional[tf.Tensor], tf.Tensor, tf.Operation]:
     """One private step of ``model`` on ``(x, y)``: ``(predictions, per-example losses in float32, update op)``.
 
     The taps are cleared, the forward pass runs under a tape, the losses are
     cast to float32 (mixed precision: clipping and noise run in float32),
     weight regularizers get gradients of their own, outside clipping (they
     depend on the weights only: :mod:`tfdp_sparse.keras.regularization`), and
-    :meth:`DPOptimizer.private_step` clips, noises and applies.
+    :meth:`DPOptimizer.private_step` clips (each example, or with ``users``
+    each user's sum: user-level DP), noises and applies.
 
     Example: ``preds, losses, op = private_train_step(model, lambda x, y: (model(x), loss(y, model(x))), opt, x, y)``.
     """
@@ -45,7 +48,7 @@ def private_train_step(model: tf.keras.Model, forward_loss: ForwardLoss, optimiz
         per_example = tf.cast(per_example, tf.float32)
     variables = model.trainable_variables  # after the call: it builds an unbuilt model
     reg_grads = regularization_gradients(model, variables)
-    update = optimizer.private_step(per_example, variables, tape, regularization_grads=reg_grads)
+    update = optimizer.private_step(per_example, variables, tape, regularization_grads=reg_grads, users=users)
     return predictions, per_example, update
 
 
@@ -63,14 +66,18 @@ class PrivateStep:
       loss_fn: ``loss_fn(labels, predictions) -> [B]`` per-example losses.
       optimizer: a :class:`DPOptimizer` (attached to ``model`` here if it is not yet).
       jit_compile: compile the step with XLA (a performance setting only).
+      unit: the privacy unit; at the user level every call passes the batch's
+        ``user_ids`` (int ``[B]``) and each user's summed gradient is clipped.
     """
 
-    def __init__(self, model: tf.keras.Model, loss_fn: PerExampleLoss, optimizer: DPOptimizer, jit_compile: bool = False):
+    def __init__(self, model: tf.keras.Model, loss_fn: PerExampleLoss, optimizer: DPOptimizer, jit_compile: bool = False,
+                 unit: PrivacyUnitConfig = PrivacyUnitConfig()):
         if not isinstance(optimizer, DPOptimizer):
             raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}")
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
+        self.unit = unit
         if not optimizer.is_attached_to(model):
             optimizer.attach(model)
         # autograph off: the step has no tensor-dependent Python control flow, and
@@ -81,9 +88,10 @@ class PrivateStep:
         predictions = self.model(features, training=True)
         return predictions, self.loss_fn(labels, predictions)
 
-    def _run(self, features, labels):
+    def _run(self, features, labels, user_ids=None):
+        users = None if user_ids is None else self.unit.clipping(UserSegments.from_user_ids(user_ids))
         _, per_example_loss, update = private_train_step(self.model, self._forward_loss, self.optimizer, features,
-                                                         labels)
+                                                         labels, users)
         with tf.control_dependencies([update]):
             return {
                 "loss": tf.reduce_mean(per_example_loss),
@@ -91,5 +99,11 @@ class PrivateStep:
                 "clipped_fraction": self.optimizer.last_clipped_fraction.read_value(),
             }
 
-    def __call__(self, features, labels) -> dict:
-        return self._step(features, labels)
+    def __call__(self, features, labels, user_ids=None) -> dict:
+        """One step; ``user_ids`` (the batch's user column) is required at the user level and refused otherwise."""
+        if (user_ids is None) == self.unit.is_user_level:
+            raise ValueError(f"PrivateStep(unit={self.unit.describe()}) got user_ids={'None' if user_ids is None else '...'}"
+                             ": the user level needs the batch's user ids, the example level takes none")
+        if user_ids is None:
+            return self._step(features, labels)
+        return self._step(features, labels, user_ids)

@@ -49,11 +49,21 @@ class RunCharge:
 class PrivacyState(tf.Module):
     """The privacy state a model carries in its checkpoints: executed steps, examples, the ledger's JSON."""
 
-    def __init__(self):
+    def __init__(self, unit: str = "example"):
         super().__init__(name="privacy_state")
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="private_steps")
         self.examples = tf.Variable(0, dtype=tf.int64, trainable=False, name="private_examples")
         self.ledger_json = tf.Variable("", dtype=tf.string, trainable=False, name="ledger")
+        #: The privacy unit of the run (JSON of ``PrivacyUnitConfig.describe()``), kept in checkpoints.
+        self.unit = tf.Variable(unit, dtype=tf.string, trainable=False, name="privacy_unit")
+        self._expected_unit = unit
+
+    def check_unit(self) -> None:
+        """Refuses a restored state of a run with another privacy unit (one ledger, one guarantee)."""
+        saved = self.unit.numpy().decode()
+        if saved != self._expected_unit:
+            raise ValueError(f"the restored checkpoint was trained with privacy unit {saved}, this model with "
+                             f"{self._expected_unit}: one ledger cannot mix two units; train from a new model")
 
     def count_step(self, batch_size: tf.Tensor) -> list:
         """Ops counting one executed step of ``batch_size`` examples (run inside the train step)."""
@@ -98,6 +108,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
         self._planned_steps = num_steps
 
     def on_train_begin(self, logs=None):
+        self.state.check_unit()
         self.mechanism.refresh_noise()  # a restored or repeated fit never reuses generator state
         self.ledger = sync_ledger(self.state, self.ledger, self.charge)
         self.stop_reason = None

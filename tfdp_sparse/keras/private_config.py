@@ -14,6 +14,7 @@ import numbers
 from typing import Optional
 
 from tfdp_sparse.accounting.validation import default_delta, validate_delta
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 
 def _positive_int(name: str, value) -> int:
@@ -37,6 +38,10 @@ class PrivateFitConfig:
       allow_coupled_loss: ``None`` (default: the coupling check refuses losses that couple
         examples) or the reason to train anyway; the run is then labelled not private.
       noise_seed: ``None`` (secure batches and noise) or a seed for reproducible tests (not private).
+      privacy_unit: the example (default) or the user level (:class:`~tfdp_sparse.privacy_unit.PrivacyUnitConfig`).
+        At the user level ``batch_size`` is the expected number of *users* per step, the rate is
+        ``B / num_users``, an epoch is ``round(num_users / B)`` steps and δ defaults by ``num_users``.
+      num_users: the number of users (user level only).
     """
 
     num_examples: int
@@ -48,12 +53,17 @@ class PrivateFitConfig:
     target_epsilon: Optional[float] = None
     allow_coupled_loss: Optional[str] = None
     noise_seed: Optional[int] = None
+    privacy_unit: PrivacyUnitConfig = PrivacyUnitConfig()
+    num_users: Optional[int] = None
 
     def __post_init__(self):
-        n = _positive_int("num_examples", self.num_examples)
+        _positive_int("num_examples", self.num_examples)
+        self._check_unit()
+        n = self.num_units
         b = _positive_int("batch_size", self.batch_size)
         if b > n:
-            raise ValueError(f"batch_size={b} is larger than num_examples={n}: the sampling rate B/N would exceed 1")
+            unit = "num_users" if self.privacy_unit.is_user_level else "num_examples"
+            raise ValueError(f"batch_size={b} is larger than {unit}={n}: the sampling rate B/N would exceed 1")
         if (self.epochs is None) == (self.steps is None):
             raise ValueError(f"give exactly one of epochs and steps, got epochs={self.epochs!r}, steps={self.steps!r}")
         _positive_int("epochs" if self.steps is None else "steps", self.epochs if self.steps is None else self.steps)
@@ -73,15 +83,30 @@ class PrivateFitConfig:
                                                                  and self.learning_rate > 0):
             raise ValueError(f"learning_rate must be a finite number > 0 or a schedule, got {self.learning_rate!r}")
 
+    def _check_unit(self) -> None:
+        if not isinstance(self.privacy_unit, PrivacyUnitConfig):
+            raise TypeError(f"privacy_unit must be a PrivacyUnitConfig, got {self.privacy_unit!r}")
+        if self.privacy_unit.is_user_level:
+            _positive_int("num_users", self.num_users)
+            if self.num_users > self.num_examples:
+                raise ValueError(f"num_users={self.num_users} exceeds num_examples={self.num_examples}")
+        elif self.num_users is not None:
+            raise ValueError("num_users applies to the user level only: pass privacy_unit=PrivacyUnitConfig.user(k)")
+
+    @property
+    def num_units(self) -> int:
+        """N of the accounting: examples, or users at the user level."""
+        return int(self.num_users) if self.privacy_unit.is_user_level else int(self.num_examples)
+
     @property
     def sampling_rate(self) -> float:
-        """q = B / N."""
-        return self.batch_size / self.num_examples
+        """q = B / N (N the number of units: examples or users)."""
+        return self.batch_size / self.num_units
 
     @property
     def steps_per_epoch(self) -> int:
-        """``round(N / B)``: one expected pass over the data (at least 1)."""
-        return max(1, round(self.num_examples / self.batch_size))
+        """``round(N / B)``: one expected pass over the units (at least 1)."""
+        return max(1, round(self.num_units / self.batch_size))
 
     @property
     def total_steps(self) -> int:
@@ -91,4 +116,4 @@ class PrivateFitConfig:
     @property
     def resolved_delta(self) -> float:
         """``delta``, or the default δ of N."""
-        return float(self.delta) if self.delta is not None else default_delta(self.num_examples)
+        return float(self.delta) if self.delta is not None else default_delta(self.num_units)

@@ -53,6 +53,10 @@ from tfdp_sparse.keras.private_setup import RunShape, SelectionCounts, SetupOpti
 from tfdp_sparse.accounting.releases import PreTrainingRelease
 from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, RunCharge, epsilon_of, sync_ledger
 from tfdp_sparse.keras.step import private_train_step
+from tfdp_sparse.keras.user_batches import UserGather, check_user_ids
+from tfdp_sparse.clipping.user_norms import UserSegments
+from tfdp_sparse.data.user_sampling import UserPoissonSampler
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.noise_source import NoiseSource
 
@@ -111,7 +115,7 @@ class PrivateModel(tf.keras.Model):
         super().__init__(**kwargs)
         self.model = model
         self.dp_optimizer = optimizer
-        self.privacy_state = PrivacyState()
+        self.privacy_state = PrivacyState(json.dumps(config.privacy_unit.describe(), sort_keys=True))
         self.config = config
         self._charge = charge
         self._ledger = ledger
@@ -157,9 +161,14 @@ class PrivateModel(tf.keras.Model):
         return predictions, self._per_example(y, predictions)
 
     def train_step(self, data):
-        x, y, _ = tf.keras.utils.unpack_x_y_sample_weight(data)
+        users = None
+        if self.config.privacy_unit.is_user_level:  # (x, y, user ids) from the user-level sampler
+            x, y, user_ids = data
+            users = self.config.privacy_unit.clipping(UserSegments.from_user_ids(user_ids))
+        else:
+            x, y, _ = tf.keras.utils.unpack_x_y_sample_weight(data)
         forward = lambda bx, by: self._per_example_loss(bx, by, training=True)  # noqa: E731
-        predictions, per_example, step = private_train_step(self.model, forward, self.dp_optimizer, x, y)
+        predictions, per_example, step = private_train_step(self.model, forward, self.dp_optimizer, x, y, users)
         with tf.control_dependencies([step]):
             counted = self.privacy_state.count_step(tf.shape(per_example)[0])
         with tf.control_dependencies(counted):
@@ -179,13 +188,15 @@ class PrivateModel(tf.keras.Model):
     # -- fit -------------------------------------------------------------------
 
     def fit(self, x=None, y=None, epochs: Optional[int] = None, callbacks=None, verbose="auto", initial_epoch: int = 0,
-            **kwargs):
+            user_ids=None, **kwargs):
         """Private training on Poisson batches (see module doc); returns Keras' ``History`` with ε and δ.
 
         ``x``: arrays (an array, or a dict / tuple of arrays) with labels
         ``y``, or an :class:`IndexedSource`; or a batched ``tf.data.Dataset``
         (labelled not private: fixed-size batches). ``epochs`` defaults to
         the planned length (``epochs``, or ``steps`` as one epoch).
+        ``user_ids`` (user level only, required there): the user of each
+        training example, in ``[0, num_users)``.
         """
         for key in ("batch_size", "steps_per_epoch", "shuffle", "class_weight", "sample_weight"):
             if kwargs.get(key) is not None:
@@ -194,7 +205,7 @@ class PrivateModel(tf.keras.Model):
         self._check_optimizer()
         spe = self.config.steps if self.config.steps is not None else self.config.steps_per_epoch
         epochs = epochs if epochs is not None else (self.config.epochs or 1)
-        dataset = self._batches(x, y, (epochs - initial_epoch) * spe)
+        dataset = self._batches(x, y, (epochs - initial_epoch) * spe, user_ids)
         self.privacy_callback.plan(None if dataset is None else (epochs - initial_epoch) * spe)
         verbose = 1 if verbose == "auto" else verbose
         cbs = tf.keras.callbacks.CallbackList(
@@ -215,8 +226,15 @@ class PrivateModel(tf.keras.Model):
                 "would not be private. Call private.compile(metrics=...) (make_private set the optimizer)")
         self.dp_optimizer.recorder()  # raises if the model lost its taps (layers added after make_private)
 
-    def _batches(self, x, y, num_steps: int) -> Optional[tf.data.Dataset]:
+    def _batches(self, x, y, num_steps: int, user_ids=None) -> Optional[tf.data.Dataset]:
         """Poisson batches from arrays or an indexed source, or ``None`` for a user dataset (labelled)."""
+        unit = self.config.privacy_unit
+        if user_ids is not None and not unit.is_user_level:
+            raise ValueError("fit(user_ids=...) is for the user level: make_private(privacy_unit="
+                             "PrivacyUnitConfig.user(k), num_users=...)")
+        if isinstance(x, tf.data.Dataset) and unit.is_user_level:
+            raise ValueError("a user-level private fit samples users itself: pass arrays or an indexed source with "
+                             "user_ids, not a tf.data.Dataset")
         if isinstance(x, tf.data.Dataset):
             if y is not None:
                 raise ValueError("with a tf.data.Dataset, labels come from the dataset (y must be None)")
@@ -229,12 +247,18 @@ class PrivateModel(tf.keras.Model):
         if noise.not_private_reason:
             self._ledger_void(noise.not_private_reason)
         sampler = PoissonSampler(self.config.num_examples, self.config.sampling_rate, noise)
+        batch_gather = gather
+        if unit.is_user_level:
+            ids = check_user_ids(user_ids, self.config.num_examples, self.config.num_users)
+            batch_gather = UserGather(gather, ids, self.config.num_users)
+            sampler = UserPoissonSampler(batch_gather.offsets, self.config.batch_size, unit.max_examples_per_user,
+                                         noise)
         if not self._checked:
             first = gather(np.arange(min(8, self.config.num_examples), dtype=np.int64))
             fx, fy = first if pairs else (first, None)
             check_no_coupling(lambda bx, by: self._per_example_loss(bx, by, training=False)[1], fx, fy)
             self._checked = True
-        return sampled_batch_dataset(sampler, gather, num_steps)
+        return sampled_batch_dataset(sampler, batch_gather, num_steps)
 
     def _gather(self, x, y) -> tuple:
         """``(gather(indices) -> batch, whether batches are (x, y) pairs)`` after checking the size."""
@@ -303,7 +327,7 @@ class PrivateModel(tf.keras.Model):
             "target_epsilon": self._charge.target_epsilon,
             "stop_reason": self.privacy_callback.stop_reason,
             "private": not reasons,
-            "privacy_unit": "example",
+            **self.config.privacy_unit.describe(),
             **self.mechanism.noise_source.describe(),
             "outside_guarantee": list(self._outside),
         }
@@ -323,7 +347,8 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                  loss=None, delta: Optional[float] = None, target_epsilon: Optional[float] = None,
                  allow_coupled_loss: Optional[str] = None, noise_seed: Optional[int] = None, table_optimizer=None,
                  dense_optimizer=None, registry: Optional[LayerRegistry] = None, accountant: str = "pld",
-                 pre_training: Sequence[PreTrainingRelease] = (), selection_counts: Optional[SelectionCounts] = None
+                 pre_training: Sequence[PreTrainingRelease] = (), selection_counts: Optional[SelectionCounts] = None,
+                 privacy_unit: PrivacyUnitConfig = PrivacyUnitConfig(), num_users: Optional[int] = None
                  ) -> PrivateModel:
     """Wraps a built ``model`` for private training (see module doc); returns the :class:`PrivateModel`.
 
@@ -344,6 +369,9 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
         included in σ calibration, their ``extra_delta`` paid from δ.
       selection_counts: ``() -> counts per table`` of the training data, for a private selection
         (DP-FEST / DP-AdaFEST+ with ``selection_epsilon``).
+      privacy_unit, num_users: the unit the guarantee protects; at the user level
+        (``PrivacyUnitConfig.user(k)``) ``batch_size`` is the expected number of users per step,
+        ``fit`` samples users and takes ``user_ids``, and each user's summed gradient is clipped to C.
     """
     if isinstance(privacy, PrivacyConfig):
         for name, given, configured in (("delta", delta, privacy.delta),
@@ -353,7 +381,8 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
         delta = delta if delta is not None else privacy.delta
     config = PrivateFitConfig(num_examples=num_examples, batch_size=batch_size, learning_rate=learning_rate,
                               epochs=epochs, steps=steps, delta=delta, target_epsilon=target_epsilon,
-                              allow_coupled_loss=allow_coupled_loss, noise_seed=noise_seed)
+                              allow_coupled_loss=allow_coupled_loss, noise_seed=noise_seed,
+                              privacy_unit=privacy_unit, num_users=num_users)
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"make_private needs a tf.keras Model, got {type(model).__name__}")
     built_layers = [m for m in model.submodules if isinstance(m, tf.keras.layers.Layer) and m.built]
@@ -365,7 +394,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                            not_private_reason=None if allow_coupled_loss is None
                            else f"coupled loss allowed: {allow_coupled_loss}",
                            table_optimizer=table_optimizer, dense_optimizer=dense_optimizer, registry=registry)
-    shape = RunShape(num_examples, batch_size, config.total_steps, learning_rate)
+    shape = RunShape(config.num_units, batch_size, config.total_steps, learning_rate)
     setup = prepare_private(model, settings, shape, options, mechanism)
     charge = RunCharge(setup.accounting, setup.privacy.target_epsilon, batch_size)
     return PrivateModel(model, setup.optimizer, setup.ledger, charge, config, loss, _outside_guarantee(model))

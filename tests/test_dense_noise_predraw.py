@@ -188,3 +188,14 @@ def test_tables_of_dense_dpsgd_are_not_predrawn():
     out = mech.privatize([None], [table], [True], predraw_dense=True).grads[0]
     replica = NoiseSource.reproducible(1).tf_generator()
     assert out.numpy().tobytes() == replica.normal([30, 3], stddev=STD).numpy().tobytes()
+
+
+def test_non_private_sgd_draws_no_blocks():
+    from tfdp_sparse.mechanisms.nonprivate import NonPrivate
+
+    mech = NonPrivate(seed=0)
+    before = mech.rng.state.numpy().copy()
+    kernel = tf.Variable(tf.ones([4, 3]))
+    out = mech.privatize([tf.ones([4, 3])], [kernel], [False], predraw_dense=True).grads[0]
+    np.testing.assert_array_equal(out.numpy(), np.ones([4, 3]))
+    np.testing.assert_array_equal(mech.rng.state.numpy(), before)  # the generator was not touched

@@ -220,15 +220,17 @@ class Mechanism(tf.Module, abc.ABC):
         ``tf.function`` it is drawn while the forward and backward passes
         run (:mod:`tfdp_sparse.mechanisms.dense_noise`); the rule's
         :meth:`dense_noise` then hands each block out once. Same generator,
-        same distribution. Off under a ``tf.distribute`` strategy (replicas
-        trace concurrently), where dense noise is drawn when it is used.
+        same distribution. Only for rules that clip (``requires().clips``:
+        every private rule noises its dense variables; non-private SGD draws
+        nothing), and off under a ``tf.distribute`` strategy (replicas trace
+        concurrently), where dense noise is drawn when it is used.
 
         Example::
 
             out = mech.privatize(grads, variables, is_table, predraw_dense=True)
         """
         step = StepGrads.of(grads, variables, is_table, lookups)
-        if not predraw_dense or tf.distribute.has_strategy():
+        if not (predraw_dense and self._plan.requires().clips) or tf.distribute.has_strategy():
             return self.apply(step)
         self._dense_blocks = DenseNoiseBlocks.draw(self.rng, step.variables, step.is_table)
         try:

@@ -199,3 +199,49 @@ def test_non_private_sgd_draws_no_blocks():
     out = mech.privatize([tf.ones([4, 3])], [kernel], [False], predraw_dense=True).grads[0]
     np.testing.assert_array_equal(out.numpy(), np.ones([4, 3]))
     np.testing.assert_array_equal(mech.rng.state.numpy(), before)  # the generator was not touched
+
+
+def _ancestors(op: tf.Operation) -> set:
+    """Names of every op ``op`` waits for (data and control inputs, transitively)."""
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent.name not in seen:
+                seen.add(parent.name)
+                todo.append(parent)
+    return seen
+
+
+@pytest.mark.parametrize("predraw", [True, False])
+def test_predrawn_dense_draws_wait_for_no_backward_op(predraw):
+    """The point of pre-drawing: in the traced step the dense blocks depend on no gradient, so they run early.
+
+    Synchronously they wait for the backward pass (behind EANA's row noise in
+    the generator's order); pre-drawn, nothing of the forward or backward pass
+    is among their inputs.
+    """
+    from tfdp_sparse.layers import DPEmbedding
+
+    ids = tf.keras.Input((3,), dtype=tf.int64)
+    h = tf.keras.layers.Dense(16, activation="relu")(DPEmbedding(50, 4, combiner="sum")(ids))
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(h))
+    opt = DPOptimizer(EANA(SIGMA, CLIP, seed=0), 0.1, expected_batch_size=8, predraw_dense_noise=predraw)
+    recorder = opt.attach(model)
+    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
+
+    @tf.function(autograph=False)
+    def step(x, y):  # PrivateStep's body
+        recorder.clear()
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        opt.private_step(loss, model.trainable_variables, tape)
+        return loss
+
+    x, y = tf.constant(np.arange(24).reshape(8, 3) % 50, tf.int64), tf.zeros([8, 1])
+    graph = step.get_concrete_function(x, y).graph
+    draws = [op for op in graph.get_operations() if op.type == "StatelessRandomNormalV2"]
+    dense = [op for op in draws if op.outputs[0].shape.is_fully_defined()]  # the table's rows: [None, 4]
+    assert len(dense) == 4 and len(draws) == 5
+    waits_for_backward = [any("gradient" in name for name in _ancestors(op)) for op in dense]
+    assert waits_for_backward == [not predraw] * 4

@@ -41,7 +41,7 @@ def define_flags() -> None:
     flags.DEFINE_float("learning_rate", 0.05, "SGD learning rate.")
     flags.DEFINE_list("extra", [], "Mechanism knobs name=value passed via PrivacyConfig(extra=...).")
     flags.DEFINE_integer("seed", 0, "Seed of the data, the model and the noise.")
-    flags.DEFINE_bool("predraw_dense_noise", True, "DPOptimizer(predraw_dense_noise=...): draw the dense layers' noise "
+    flags.DEFINE_bool("predraw_dense_noise", False, "DPOptimizer(predraw_dense_noise=...): draw the dense layers' noise "
                       "before the mechanism's rule, concurrently with the forward and backward passes (a speed setting).")
     flags.DEFINE_string("output", None, "Also append the JSON lines to this file.")
     flags.DEFINE_enum("embedding_backend", EmbeddingBackend.KERAS.value, [b.value for b in EmbeddingBackend],

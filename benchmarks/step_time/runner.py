@@ -38,7 +38,7 @@ def run_config(algorithm: str, vocab_or_scale: VocabOrScale, settings: dict,
     work = build_workload(model_name, vocab_or_scale, batch, settings["dim"], seed)
     record.update(work.fields)
     mechanism = setup_mechanism(algorithm, settings, work.model, work.counts)
-    predraw = settings.get("predraw_dense_noise", True)
+    predraw = settings.get("predraw_dense_noise", False)
     record["predraw_dense_noise"] = predraw
     optimizer = DPOptimizer(mechanism, learning_rate=settings["learning_rate"], expected_batch_size=batch,
                             predraw_dense_noise=predraw)

@@ -143,9 +143,11 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         with this optimizer). Not supported under ``tf.distribute``.
       predraw_dense_noise: a performance setting, privacy unchanged: draw
         the dense layers' noise before the mechanism's rule runs, so the
-        compiled step draws it while the forward and backward passes run
-        (:mod:`tfdp_sparse.mechanisms.dense_noise`); ``False`` draws it
-        where the rule uses it.
+        compiled step can draw it while the forward and backward passes run
+        (:mod:`tfdp_sparse.mechanisms.dense_noise`). Off by default: on this
+        project's loaded 2-core machine it was not measured faster
+        (``benchmarks/step_time/predraw_ab.py``; pCTR, interleaved:
+        predraw/sync 0.99-1.02). ``False`` draws it where the rule uses it.
     """
 
     def __init__(
@@ -157,7 +159,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         name: str = "DPOptimizer",
         dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None,
         table_optimizer: Optional[TableRule] = None,
-        predraw_dense_noise: bool = True,
+        predraw_dense_noise: bool = False,
         **kwargs,
     ):
         for key in _REFUSED_KWARGS:

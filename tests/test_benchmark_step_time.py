@@ -196,3 +196,16 @@ def test_dpfest_config_uses_the_prior_and_noises_k_rows():
     assert "error" not in line, line
     assert line["embedding_values"] == 100 * 64
     assert line["mechanism"]["selection"] == "frequency_file"
+
+
+def test_predraw_ab_prints_both_settings_and_their_ratio(tmp_path):
+    from benchmarks.step_time import predraw_ab
+
+    out = io.StringIO()
+    path = tmp_path / "ab.jsonl"
+    lines = predraw_ab.main(["--model=micro", "--vocab=200", "--algorithms=eana", "--rounds=1", "--warmup=1",
+                             f"--output={path}"], out=out)
+    assert [line.get("predraw_dense_noise") for line in lines] == [True, False, None]
+    assert all(line["steps"] == 2 and line["step_ms"] > 0 for line in lines[:2])
+    assert lines[2]["ratio"] == "predraw/sync" and lines[2]["value"] == round(lines[0]["step_ms"] / lines[1]["step_ms"], 3)
+    assert [json.loads(l) for l in out.getvalue().splitlines()] == lines == [json.loads(l) for l in path.read_text().splitlines()]

@@ -41,6 +41,8 @@ def define_flags() -> None:
     flags.DEFINE_float("learning_rate", 0.05, "SGD learning rate.")
     flags.DEFINE_list("extra", [], "Mechanism knobs name=value passed via PrivacyConfig(extra=...).")
     flags.DEFINE_integer("seed", 0, "Seed of the data, the model and the noise.")
+    flags.DEFINE_bool("predraw_dense_noise", False, "DPOptimizer(predraw_dense_noise=...): draw the dense layers' noise "
+                      "before the mechanism's rule, concurrently with the forward and backward passes (a speed setting).")
     flags.DEFINE_string("output", None, "Also append the JSON lines to this file.")
     flags.DEFINE_enum("embedding_backend", EmbeddingBackend.KERAS.value, [b.value for b in EmbeddingBackend],
                       "tpu_emulator: also time every configuration on the TPU program's CPU emulator and print "
@@ -50,7 +52,7 @@ def define_flags() -> None:
 _OWN_FLAGS = (
     "algorithms", "vocab", "dim", "batch", "model", "vocab_scale", "warmup", "steps", "min_steps",
     "max_seconds_per_config", "noise_multiplier", "l2_norm_clip", "learning_rate", "extra", "seed", "output",
-    "embedding_backend",
+    "embedding_backend", "predraw_dense_noise",
 )
 
 
@@ -128,6 +130,7 @@ def settings_from_flags() -> dict:
         "learning_rate": FLAGS.learning_rate,
         "extra": parse_extra(FLAGS.extra),
         "seed": FLAGS.seed,
+        "predraw_dense_noise": FLAGS.predraw_dense_noise,
         "output": FLAGS.output,
         "embedding_backend": EmbeddingBackend.from_flag(FLAGS.embedding_backend),
     }

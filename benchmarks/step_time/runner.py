@@ -38,7 +38,10 @@ def run_config(algorithm: str, vocab_or_scale: VocabOrScale, settings: dict,
     work = build_workload(model_name, vocab_or_scale, batch, settings["dim"], seed)
     record.update(work.fields)
     mechanism = setup_mechanism(algorithm, settings, work.model, work.counts)
-    optimizer = DPOptimizer(mechanism, learning_rate=settings["learning_rate"], expected_batch_size=batch)
+    predraw = settings.get("predraw_dense_noise", False)
+    record["predraw_dense_noise"] = predraw
+    optimizer = DPOptimizer(mechanism, learning_rate=settings["learning_rate"], expected_batch_size=batch,
+                            predraw_dense_noise=predraw)
     step = make_step(work.model, work.loss_fn, optimizer, backend, model_name, batch, algorithm, work.batches)
     record["build_s"] = round(time.perf_counter() - t_build, 3)
     record["table_values"] = table_values(work.model)

@@ -142,6 +142,13 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         (other than a ``TableSGD`` at this optimizer's learning rate). Its
         slots are ``self.table_optimizer`` (a ``tf.Module``, checkpointed
         with this optimizer). Not supported under ``tf.distribute``.
+      predraw_dense_noise: a performance setting, privacy unchanged: draw
+        the dense layers' noise before the mechanism's rule runs, so the
+        compiled step can draw it while the forward and backward passes run
+        (:mod:`tfdp_sparse.mechanisms.dense_noise`). Off by default: on this
+        project's loaded 2-core machine it was not measured faster
+        (``benchmarks/step_time/predraw_ab.py``; pCTR, interleaved:
+        predraw/sync 0.99-1.02). ``False`` draws it where the rule uses it.
     """
 
     def __init__(
@@ -153,6 +160,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         name: str = "DPOptimizer",
         dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None,
         table_optimizer: Optional[TableRule] = None,
+        predraw_dense_noise: bool = False,
         **kwargs,
     ):
         for key in _REFUSED_KWARGS:
@@ -167,6 +175,9 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         super().__init__(learning_rate=learning_rate, momentum=momentum, name=name, **kwargs)
         self.mechanism = mechanism
         self.expected_batch_size = expected_batch_size
+        if not isinstance(predraw_dense_noise, bool):
+            raise TypeError(f"predraw_dense_noise must be a bool, got {predraw_dense_noise!r}")
+        self.predraw_dense_noise = predraw_dense_noise
         if dense_optimizer is not None and not isinstance(dense_optimizer, tf.keras.optimizers.Optimizer):
             raise TypeError(f"dense_optimizer must be a tf.keras optimizer, got {type(dense_optimizer).__name__}")
         self.dense_optimizer = dense_optimizer
@@ -269,7 +280,8 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip, users=users)
         # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
         # map uses them; unused, their ops are pruned from the traced step).
-        noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups)
+        noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups,
+                                          predraw_dense=self.predraw_dense_noise)
         if self.expected_batch_size is not None:
             denominator = tf.constant(float(self.expected_batch_size))
         else:
@@ -343,7 +355,8 @@ class DPOptimizer(tf.keras.optimizers.SGD):
 
     def get_config(self):
         config = super().get_config()
-        config.update(expected_batch_size=self.expected_batch_size, mechanism=self.mechanism.describe())
+        config.update(expected_batch_size=self.expected_batch_size, mechanism=self.mechanism.describe(),
+                      predraw_dense_noise=self.predraw_dense_noise)
         if self.table_optimizer is not None:
             config.update(table_optimizer=self.table_optimizer.rule.describe())
         return config

@@ -54,6 +54,7 @@ import dp_accounting
 import tensorflow as tf
 
 from tfdp_sparse.accounting.validation import validate_l2_norm_clip, validate_noise_multiplier  # noqa: F401 (re-exported)
+from tfdp_sparse.mechanisms.dense_noise import DenseNoiseBlocks
 from tfdp_sparse.mechanisms.plans.base import Plan
 from tfdp_sparse.noise_source import NoiseSource
 
@@ -171,6 +172,7 @@ class Mechanism(tf.Module, abc.ABC):
         self._plan = plan
         self._noise_source = NoiseSource(seed)
         self.rng = self._noise_source.tf_generator()
+        self._dense_blocks = DenseNoiseBlocks.empty()  # a step's pre-drawn dense noise, only inside privatize
 
     @property
     def plan(self) -> Plan:
@@ -203,6 +205,7 @@ class Mechanism(tf.Module, abc.ABC):
         variables: Sequence[tf.Variable],
         is_table: Sequence[bool],
         lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
+        predraw_dense: bool = False,
     ) -> NoisedGradients:
         """Noised summed gradients for one step: :meth:`apply` on the aligned lists.
 
@@ -211,8 +214,29 @@ class Mechanism(tf.Module, abc.ABC):
         otherwise — :attr:`ClippedGradients.lookups
         <tfdp_sparse.clipping.clip.ClippedGradients>`. Rules whose plan does
         not require lookups ignore them.
+
+        ``predraw_dense`` (a performance setting): draw every dense
+        variable's noise before the rule runs, so that inside a
+        ``tf.function`` it is drawn while the forward and backward passes
+        run (:mod:`tfdp_sparse.mechanisms.dense_noise`); the rule's
+        :meth:`dense_noise` then hands each block out once. Same generator,
+        same distribution. Only for rules that clip (``requires().clips``:
+        every private rule noises its dense variables; non-private SGD draws
+        nothing), and off under a ``tf.distribute`` strategy (replicas trace
+        concurrently), where dense noise is drawn when it is used.
+
+        Example::
+
+            out = mech.privatize(grads, variables, is_table, predraw_dense=True)
         """
-        return self.apply(StepGrads.of(grads, variables, is_table, lookups))
+        step = StepGrads.of(grads, variables, is_table, lookups)
+        if not (predraw_dense and self._plan.requires().clips) or tf.distribute.has_strategy():
+            return self.apply(step)
+        self._dense_blocks = DenseNoiseBlocks.draw(self.rng, step.variables, step.is_table)
+        try:
+            return self.apply(step)
+        finally:
+            self._dense_blocks = DenseNoiseBlocks.empty()  # unclaimed blocks end with their step
 
     @abc.abstractmethod
     def apply(self, step: "StepGrads") -> NoisedGradients:
@@ -307,3 +331,13 @@ class Mechanism(tf.Module, abc.ABC):
     def gaussian_noise(self, shape, stddev: float) -> tf.Tensor:
         """Draws ``N(0, stddev^2)`` from this mechanism's generator."""
         return self.rng.normal(shape, stddev=stddev, dtype=tf.float32)
+
+    def dense_noise(self, variable: tf.Variable, stddev: float) -> tf.Tensor:
+        """``N(0, stddev^2)`` of ``variable``'s shape: this step's pre-drawn block, else drawn now.
+
+        A block drawn by ``privatize(..., predraw_dense=True)`` is handed out
+        once; without one (or on a second request) this is
+        :meth:`gaussian_noise`. Example: ``mech.dense_noise(kernel, 1.2)``.
+        """
+        block = self._dense_blocks.take(variable, stddev)
+        return block if block is not None else self.gaussian_noise(variable.shape, stddev)

@@ -25,8 +25,12 @@ from tfdp_sparse.mechanisms.plans.dpsgd import KNOBS, DPSGDPlan, plan_from_confi
 
 
 def noise_dense(mech: Mechanism, grad: Optional[tf.Tensor], variable: tf.Variable, stddev: float) -> tf.Tensor:
-    """``grad + N(0, stddev^2)`` over the variable's full shape (zero grad if None)."""
-    noise = mech.gaussian_noise(variable.shape, stddev)
+    """``grad + N(0, stddev^2)`` over the variable's full shape (zero grad if None).
+
+    The noise is the step's pre-drawn block when ``privatize`` drew one
+    (:meth:`Mechanism.dense_noise`), else drawn now.
+    """
+    noise = mech.dense_noise(variable, stddev)
     if grad is None:
         return noise
     if isinstance(grad, tf.IndexedSlices):

@@ -125,6 +125,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     # The shared flags are defined in common_flags: make them key flags of this trainer, so --help shows them.
     flags.adopt_module_key_flags(common_flags, flag_values)
     flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; not with lazydp)", **fv)
+    flags.DEFINE_boolean("predraw_dense_noise", False, "draw the dense layers' noise at the start of each step, "
+                         "from the same secret generator, so it overlaps the forward/backward pass (speed only)", **fv)
     flags.DEFINE_boolean("compare_dpsgd_step", False, "also time dense DP-SGD steps on this model and print the "
                          "ratio", **fv)
     flags.DEFINE_string("cluster", "", cluster_lib.FLAG_HELP, **fv)
@@ -345,7 +347,8 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         calibrate_noise=fv.noise_multiplier is None,
         tensorboard_dir=fv.tensorboard_dir,
         performance=loop_lib.PerformanceFlags(
-            jit_compile=fv.jit_compile, embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend)),
+            jit_compile=fv.jit_compile, embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend),
+            predraw_dense_noise=fv.predraw_dense_noise),
     )
     try:
         hidden = tuple(int(h) for h in fv.hidden)

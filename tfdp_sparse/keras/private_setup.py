@@ -96,6 +96,7 @@ class SetupOptions:
       table_optimizer / dense_optimizer: post-processing optimizers (:class:`DPOptimizer`).
       registry: clipping rules (default: the toolkit's).
       attach: give the model its clipping rules (False for backends that clip elsewhere).
+      predraw_dense_noise: draw dense-layer noise before the rule runs (speed only; :class:`DPOptimizer`).
     """
 
     noise_seed: Optional[int] = None
@@ -109,6 +110,7 @@ class SetupOptions:
     dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None
     registry: Optional[LayerRegistry] = None
     attach: bool = True
+    predraw_dense_noise: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +229,8 @@ def _optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: Setup
     mechanism = mechanism if mechanism is not None else resolved.plan.make_rule(options.noise_seed)
     mechanism.bind_model(model)
     return DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size,
-                       dense_optimizer=options.dense_optimizer, table_optimizer=options.table_optimizer)
+                       dense_optimizer=options.dense_optimizer, table_optimizer=options.table_optimizer,
+                       predraw_dense_noise=options.predraw_dense_noise)
 
 
 def open_ledger(mechanism: Mechanism, options: SetupOptions) -> PrivacyLedger:

@@ -19,10 +19,15 @@ class PerformanceFlags:
         the TPU program on the exact CPU emulator, or a TPU
         (:mod:`tfdp_sparse.layers.tpu`; needs ``train_privately(tpu_split=...)``).
         Every backend applies the same mechanism through the same contract.
+      predraw_dense_noise: draw the dense layers' noise at the start of the
+        rule's work, from the same generator, so it overlaps forward/backward
+        (off by default: not yet shown faster on a quiet machine).
     """
 
     jit_compile: bool = False
     embedding_backend: EmbeddingBackend = EmbeddingBackend.KERAS
+    #: draw dense-layer noise before the rule runs (``DPOptimizer(predraw_dense_noise=...)``).
+    predraw_dense_noise: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -153,4 +153,5 @@ def setup_options(loop: LoopConfig, pre_training: Sequence[PreTrainingRelease] =
         table_optimizer=table_rule_of(loop),
         dense_optimizer=make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate),
         attach=loop.performance.embedding_backend is EmbeddingBackend.KERAS,
+        predraw_dense_noise=loop.performance.predraw_dense_noise,
     )

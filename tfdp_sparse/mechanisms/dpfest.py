@@ -94,6 +94,19 @@ def selection_from_config(config, seed: Optional[int] = None) -> BucketSelection
     return BucketSelection.from_settings(plan_from_config(config).selection, seed=seed)
 
 
+def selection_of(k: Optional[KSpec], selection: Optional[BucketSelection], seed: Optional[int],
+                 selection_kwargs: dict) -> BucketSelection:
+    """``selection``, or one built from ``k`` and its source knobs (exactly one of the two ways).
+
+    Example: ``selection_of(10, None, None, {"kept_ids": [[1, 2]]})`` -> a ``BucketSelection``.
+    """
+    if selection is None:
+        return BucketSelection(k, seed=seed, **selection_kwargs)
+    if k is not None or selection_kwargs:
+        raise ValueError("give either selection=... or k and its source knobs, not both")
+    return selection
+
+
 class UsesSelection:
     """Trainer-facing API of mechanisms that hold a :class:`BucketSelection` as ``self.selection``."""
 
@@ -114,6 +127,13 @@ class UsesSelection:
     @property
     def needs_private_selection(self) -> bool:
         return self.selection.is_private and not self.selection.is_selected
+
+    def setup_event(self) -> Optional[dp_accounting.DpEvent]:
+        """The plan's one-off selection cost for the bound tables (RDP accountant only); ``None`` if public."""
+        return self.plan.setup_event(self.selection.table_infos())
+
+    def describe(self) -> dict:
+        return {**self.plan.describe(), **self.selection.describe()}
 
 
 class DPFEST(UsesSelection, Mechanism):
@@ -138,10 +158,7 @@ class DPFEST(UsesSelection, Mechanism):
         seed: Optional[int] = None,
         **selection_kwargs,
     ):
-        if selection is None:
-            selection = BucketSelection(k, seed=seed, **selection_kwargs)
-        elif k is not None or selection_kwargs:
-            raise ValueError("give either selection=... or k and its source knobs, not both")
+        selection = selection_of(k, selection, seed, selection_kwargs)
         plan = DPFESTPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, selection=selection.settings)
         super().__init__(plan, seed=seed)
         self.selection = selection
@@ -170,13 +187,6 @@ class DPFEST(UsesSelection, Mechanism):
             out.append(tf.IndexedSlices(values, ids, tf.constant(var.shape.as_list(), tf.int64)))
             count += k * width
         return NoisedGradients(out, count)
-
-    def setup_event(self) -> Optional[dp_accounting.DpEvent]:
-        """The plan's one-off selection cost for the bound tables (RDP accountant only); ``None`` if public."""
-        return self.plan.setup_event(self.selection.table_infos())
-
-    def describe(self) -> dict:
-        return {**self.plan.describe(), **self.selection.describe()}
 
 
 def from_config(config, seed: Optional[int] = None) -> DPFEST:

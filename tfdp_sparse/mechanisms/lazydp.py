@@ -111,6 +111,10 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
         plan = LazyDPPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, aggregate=aggregate,
                           dense_fallback=dense_fallback)
         super().__init__(plan, seed=seed)
+        self._init_lazy_state()
+
+    def _init_lazy_state(self) -> None:
+        """The rate sum and the (empty) per-table state; also used by rules that reuse LazyDP's deferral."""
         with tf.init_scope():
             self.lr_sq_cumsum = tf.Variable(
                 tf.zeros([_INITIAL_STEPS], tf.float64),
@@ -148,9 +152,10 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
         stddev = self.noise_multiplier * self.l2_norm_clip
         now = tf.cast(opt.iterations, tf.int32) + 1
         recorded = self._record_learning_rate(opt, now)
+        domains = self._noised_domains(step)
         out: list[Gradient] = []
         count = tf.constant(0, tf.int64)
-        for grad, var, table in step.entries():
+        for (grad, var, table), domain in zip(step.entries(), domains):
             i = self._tables.index.get(variable_key(var))
             if i is None:
                 if table and variable_key(var) not in self._tables.dense_fallback:
@@ -167,8 +172,7 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
                 continue
             if not isinstance(grad, tf.IndexedSlices):
                 raise TypeError(f"LazyDP expects IndexedSlices for table {var.name!r}, got {type(grad).__name__}")
-            ids, summed = sum_duplicates(grad)
-            ids = tf.cast(ids, tf.int64)
+            ids, summed = self._rows_to_noise(grad, domain)
             noised = summed + self.gaussian_noise(tf.shape(summed), stddev)
             if not is_sharded(var):  # sharded: ShardedDPOptimizer calls mark_shard_rows with its update
                 with tf.control_dependencies([recorded]):
@@ -176,6 +180,19 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
             out.append(tf.IndexedSlices(noised, ids, grad.dense_shape))
             count += tf.cast(tf.size(ids), tf.int64) * int(var.shape[1])
         return NoisedGradients(out, count)
+
+    def _noised_domains(self, step: StepGrads) -> list:
+        """Per variable, what :meth:`_rows_to_noise` restricts a table's rows to (LazyDP: nothing)."""
+        return [None] * len(step.variables)
+
+    def _rows_to_noise(self, grad: tf.IndexedSlices, domain) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(unique int64 ids, summed rows)`` of a table gradient that this step noises and applies.
+
+        LazyDP: every touched row (``domain`` is ``None``); DP-FEST's lazy rule keeps its kept rows.
+        """
+        del domain
+        ids, summed = sum_duplicates(grad)
+        return tf.cast(ids, tf.int64), summed
 
     def memory_report(self) -> dict:
         """Bytes of LazyDP's state against the tables it tracks.

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded, split_ids
 from tfdp_sparse.mechanisms.lazydp_replicas import replica_catch_up_needed
-from tfdp_sparse.mechanisms.lazydp_sharded import history_rows, owed_std
+from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, history_rows, owed_std
 from tfdp_sparse.mechanisms.tables import variable_key
 
 try:  # private, stable across TF 2.x: tells SavedModel tracing apart from training
@@ -328,7 +328,9 @@ class LazyCatchUp:
             return
         k = int(opt.iterations.numpy())
         for name, history in zip(self._tables.names, self._histories):
-            ahead = int(tf.reduce_max(history).numpy()) if int(history.shape[0]) else 0
+            owing = tf.convert_to_tensor(history)
+            owing = tf.where(owing == NEVER_OWES, tf.zeros_like(owing), owing)
+            ahead = int(tf.reduce_max(owing).numpy()) if int(history.shape[0]) else 0
             if ahead > k:
                 raise ValueError(
                     f"LazyDP history of table {name!r} says step {ahead} but optimizer.iterations={k}: "

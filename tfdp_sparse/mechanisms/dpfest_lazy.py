@@ -46,7 +46,7 @@ import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded
 from tfdp_sparse.mechanisms.adafest_plus import to_domain_positions
-from tfdp_sparse.mechanisms.base import Mechanism, StepGrads, sum_duplicates
+from tfdp_sparse.mechanisms.base import Mechanism, StepGrads
 from tfdp_sparse.mechanisms.bucket_selection import BucketSelection, KSpec
 from tfdp_sparse.mechanisms.dpfest import UsesSelection, selection_of
 from tfdp_sparse.mechanisms.lazydp import LazyDP
@@ -129,10 +129,10 @@ class LazyDPFEST(UsesSelection, LazyDP):
                 out.append(tf.identity(ids))
         return out
 
-    def _rows_to_noise(self, grad: tf.IndexedSlices, domain: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def _rows_to_noise(self, grad: Optional[tf.IndexedSlices], domain: tf.Tensor,
+                       width: int) -> tuple[tf.Tensor, tf.Tensor]:
         """The touched *kept* rows and their summed gradients (other rows' gradients are dropped)."""
-        ids, summed = sum_duplicates(grad)
-        ids = tf.cast(ids, tf.int64)
+        ids, summed = LazyDP._rows_to_noise(self, grad, None, width)
         kept = to_domain_positions(ids, domain) >= 0
         return tf.boolean_mask(ids, kept), tf.boolean_mask(summed, kept)
 
@@ -144,7 +144,8 @@ class LazyDPFEST(UsesSelection, LazyDP):
             return tf.no_op()  # no kept set, so no step has run: nothing is owed
         kept = self.selection.kept_of(table)
         k = tf.cast(opt.iterations, tf.int32)
-        with tf.control_dependencies([self._mark_outside_kept(i, kept)]):
+        carried = self._flush_carry(i)
+        with tf.control_dependencies([self._mark_outside_kept(i, kept)] + ([carried] if carried is not None else [])):
             last = history_rows(history, kept)
         noise = self._deferred_noise(last, k, tf.stack([tf.size(kept), int(table.shape[1])]), self._scale(opt))
         written = table.scatter_sub(tf.IndexedSlices(noise, kept, tf.constant(table.shape.as_list(), tf.int64)))

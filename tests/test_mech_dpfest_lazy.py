@@ -17,6 +17,7 @@ from tfdp_sparse.mechanisms.dpfest import DPFEST
 from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST
 from tfdp_sparse.mechanisms.plans.dpfest import KeptNoise
 from tfdp_sparse.optimizers.rules import TableAdagrad
+from tests.test_mech_lazydp import _replicates
 
 
 def _zero_loss(y, p):
@@ -91,54 +92,18 @@ def test_lazy_and_eager_kept_rows_agree_per_read_pattern_and_other_rows_never_ch
 
 
 # ----------------------------------------------------------------------------
-# (b) real gradients on a tiny model: final weights match eager DP-FEST in mean and variance
+# (b) real gradients on LazyDP's tiny model (tests.test_mech_lazydp): final weights match eager DP-FEST
 
-TINY_BATCHES = [[[0, 1], [1, 2], [0, 2], [0, 1]], [[0, 1], [1, 3], [0, 3], [1, 1]],
-                [[0, 2], [1, 2], [0, 1], [2, 1]], [[0, 4], [1, 4], [0, 1], [1, 0]]]
-TINY_LABELS = [[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 1.0]]
-TINY_KEPT = np.array([0, 2, 3, 5])  # 1 and 4 are read but not kept; 5 is kept and never read
-REPLICATES = 300
-
-
-def _replicates(rule, seed):
-    tf.keras.utils.set_random_seed(0)
-    ids = tf.keras.Input(shape=(2,), dtype=tf.int64)
-    init_rows = tf.keras.initializers.RandomUniform(-0.3, 0.3)
-    h = DPEmbedding(6, 2, combiner="sum", name="emb", embeddings_initializer=init_rows)(ids)
-    model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="head")(h))
-    init = [v.numpy() for v in model.trainable_variables]
-    mech = rule(1.0, 1.0, kept_ids=[TINY_KEPT], seed=seed)
-    mech.bind_model(model)
-    schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.8, decay_steps=1, decay_rate=0.7)
-    opt = DPOptimizer(mech, schedule, expected_batch_size=4)
-    recorder = opt.attach(model)
-    batches = [(tf.constant(x, tf.int64), tf.constant(y)) for x, y in zip(TINY_BATCHES, TINY_LABELS)]
-
-    @tf.function(autograph=False)
-    def replicate():
-        for var, value in zip(model.trainable_variables, init):
-            var.assign(value)
-        opt.iterations.assign(0)
-        if isinstance(mech, LazyDPFEST):  # eager DP-FEST keeps no per-row state
-            mech.reset_state()
-        for x, y in batches:
-            recorder.clear()
-            with tf.GradientTape() as tape:
-                loss = _bce(y, model(x, training=True))
-            opt.private_step(loss, model.trainable_variables, tape)
-        mech.flush()
-        return tf.concat([tf.reshape(v, [-1]) for v in model.trainable_variables], axis=0)
-
-    return np.stack([replicate().numpy() for _ in range(REPLICATES)]), init
+TINY_KEPT = np.array([0, 2, 3, 5])  # rows 1 and 4 are read but not kept; 5 is kept and never read
 
 
 def test_real_gradients_match_eager_dpfest_in_mean_and_variance():
-    lazy, init = _replicates(LazyDPFEST, seed=11)
-    eager, _ = _replicates(DPFEST, seed=12)
+    lazy = _replicates(lambda s: LazyDPFEST(1.0, 1.0, kept_ids=[TINY_KEPT], seed=s), seed=11)
+    eager = _replicates(lambda s: DPFEST(1.0, 1.0, kept_ids=[TINY_KEPT], seed=s), seed=12)
     coords = lazy.shape[1]
-    not_kept = [2 * r + c for r in (1, 4) for c in (0, 1)]
-    for samples in (lazy, eager):
-        np.testing.assert_array_equal(samples[:, not_kept], np.tile(init[0].ravel()[not_kept], (REPLICATES, 1)))
+    not_kept = [2 * r + c for r in (1, 4) for c in (0, 1)]  # table rows 1 and 4, row-major, width 2
+    np.testing.assert_array_equal(lazy[:, not_kept], eager[:, not_kept])  # never trained: the initial rows
+    assert np.all(lazy[:, not_kept] == lazy[0, not_kept])
     alpha = 0.01 / (2 * coords)  # Bonferroni over means and variances of every coordinate
     for j in sorted(set(range(coords)) - set(not_kept)):
         a, b = lazy[:, j], eager[:, j]
@@ -205,33 +170,7 @@ def test_nothing_pending_is_exported_or_saved(tmp_path):
     ensure_flushed(model)
 
 
-def test_checkpoint_restore_continues_exactly(tmp_path):
-    rng = np.random.default_rng(5)
-    batches = [(tf.constant(rng.integers(0, 12, size=(4, 2)), tf.int64),
-                tf.constant(rng.integers(0, 2, size=4).astype(np.float32))) for _ in range(6)]
-
-    def build(seed):
-        model = _pooled_model(30, 3, seed=seed)
-        mech = LazyDPFEST(1.0, 1.0, kept_ids=[np.arange(1, 30, 3)], seed=seed)
-        mech.bind_model(model)
-        opt = DPOptimizer(mech, 0.2, expected_batch_size=4)
-        return model, mech, opt, PrivateStep(model, _bce, opt)
-
-    model, mech, opt, step = build(seed=0)
-    for x, y in batches[:3]:
-        step(x, y)
-    path = tf.train.Checkpoint(model=model, optimizer=opt, mechanism=mech).save(str(tmp_path / "ckpt"))
-    for x, y in batches[3:]:
-        step(x, y)
-    mech.flush()
-    uninterrupted = [v.numpy() for v in model.trainable_variables]
-    model2, mech2, opt2, step2 = build(seed=123)
-    tf.train.Checkpoint(model=model2, optimizer=opt2, mechanism=mech2).restore(path).assert_existing_objects_matched()
-    for x, y in batches[3:]:
-        step2(x, y)
-    mech2.flush()
-    for a, b in zip(uninterrupted, model2.trainable_variables):
-        np.testing.assert_array_equal(a, b.numpy())
+# Checkpoint restore: tests.test_mech_lazydp.test_checkpoint_restore_continues_exactly runs LazyDPFEST too.
 
 
 # ----------------------------------------------------------------------------

@@ -84,7 +84,7 @@ import tensorflow as tf
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_rows_at
 from tfdp_sparse.mechanisms.bucket_selection import BucketSelection, KSpec
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
-from tfdp_sparse.mechanisms.plans.dpfest import KNOBS, DPFESTPlan, plan_from_config  # noqa: F401
+from tfdp_sparse.mechanisms.plans.dpfest import KNOBS, DPFESTPlan, KeptNoise, plan_from_config  # noqa: F401
 from tfdp_sparse.mechanisms.plans.selection import SELECTION_KNOBS  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.tables import embedding_tables  # noqa: F401 (re-exported)
 
@@ -136,8 +136,9 @@ class UsesSelection:
         return {**self.plan.describe(), **self.selection.describe()}
 
 
-class DPFEST(UsesSelection, Mechanism):
-    """DP-SGD noise on every kept row of every table, nothing elsewhere.
+class DPFESTRule(UsesSelection):
+    """Construction shared by DP-FEST's rules: eager (:class:`DPFEST`) and lazy
+    (:class:`~tfdp_sparse.mechanisms.dpfest_lazy.LazyDPFEST`), which differ in :attr:`KEPT_NOISE`.
 
     Args:
       noise_multiplier: sigma.
@@ -147,6 +148,8 @@ class DPFEST(UsesSelection, Mechanism):
         optionally ``feature_names``, ``vocab_sizes``, ``accountant``) to build one.
       seed: seed of the noise generator (and of the Gumbel selection).
     """
+
+    KEPT_NOISE: KeptNoise = KeptNoise.EAGER
 
     def __init__(
         self,
@@ -159,9 +162,18 @@ class DPFEST(UsesSelection, Mechanism):
         **selection_kwargs,
     ):
         selection = selection_of(k, selection, seed, selection_kwargs)
-        plan = DPFESTPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, selection=selection.settings)
-        super().__init__(plan, seed=seed)
+        plan = DPFESTPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, selection=selection.settings,
+                          kept_noise=self.KEPT_NOISE)
+        Mechanism.__init__(self, plan, seed=seed)  # not a base's own __init__ (LazyDP's builds LazyDP's plan)
         self.selection = selection
+        self._init_rule_state()
+
+    def _init_rule_state(self) -> None:
+        """Per-rule state after the plan and the selection (eager DP-FEST has none)."""
+
+
+class DPFEST(DPFESTRule, Mechanism):
+    """DP-SGD noise on every kept row of every table, nothing elsewhere (arguments: :class:`DPFESTRule`)."""
 
     @property
     def noise_multiplier(self) -> float:

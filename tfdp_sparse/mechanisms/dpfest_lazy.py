@@ -46,40 +46,24 @@ import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded
 from tfdp_sparse.mechanisms.adafest_plus import to_domain_positions
-from tfdp_sparse.mechanisms.base import Mechanism, StepGrads
-from tfdp_sparse.mechanisms.bucket_selection import BucketSelection, KSpec
-from tfdp_sparse.mechanisms.dpfest import UsesSelection, selection_of
+from tfdp_sparse.mechanisms.base import StepGrads
+from tfdp_sparse.mechanisms.dpfest import DPFESTRule
 from tfdp_sparse.mechanisms.lazydp import LazyDP
 from tfdp_sparse.mechanisms.lazydp_catchup import _no_autograph
 from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, history_rows
-from tfdp_sparse.mechanisms.plans.dpfest import DPFESTPlan, KeptNoise
+from tfdp_sparse.mechanisms.plans.dpfest import KeptNoise
 from tfdp_sparse.mechanisms.tables import variable_device, variable_key
 
 
-class LazyDPFEST(UsesSelection, LazyDP):
-    """DP-FEST whose kept rows receive their noise when read (module doc).
+class LazyDPFEST(DPFESTRule, LazyDP):
+    """DP-FEST whose kept rows receive their noise when read (module doc; arguments: :class:`DPFESTRule`)."""
 
-    Args: as :class:`~tfdp_sparse.mechanisms.dpfest.DPFEST` (``selection``,
-    or ``k`` and one source of kept sets).
-    """
+    KEPT_NOISE = KeptNoise.LAZY
 
-    def __init__(
-        self,
-        noise_multiplier: float,
-        l2_norm_clip: float,
-        k: Optional[KSpec] = None,
-        *,
-        selection: Optional[BucketSelection] = None,
-        seed: Optional[int] = None,
-        **selection_kwargs,
-    ):
-        selection = selection_of(k, selection, seed, selection_kwargs)
-        plan = DPFESTPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip,
-                          selection=selection.settings, kept_noise=KeptNoise.LAZY)
-        Mechanism.__init__(self, plan, seed=seed)  # LazyDP's own __init__ would build LazyDP's plan
+    def _init_rule_state(self) -> None:
+        """LazyDP's state, and per bound table whether its rows outside the kept set are marked."""
         self._init_lazy_state()
-        self.selection = selection
-        self._kept_marked: list[tf.Variable] = []  # per bound table: rows outside the kept set marked
+        self._kept_marked: list[tf.Variable] = []
 
     aggregate = property(lambda self: True, doc="One draw for all skipped steps of a row (always).")
     dense_fallback = property(lambda self: False, doc="Plain Keras tables are refused (use kept_noise=eager).")

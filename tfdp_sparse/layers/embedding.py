@@ -18,7 +18,10 @@ Inputs:
 
 Mechanisms that must act on rows *before* they are read (LazyDP catches up
 pending noise) register a read hook with :meth:`DPEmbedding.add_read_hook`;
-it is called with the batch's unique ids while training. Hooks registered
+it is called with the batch's unique ids while training and may return an
+op to wait for, the rows it read itself (:class:`ShardRows`, sharded tables)
+or a :class:`RowCorrection` to subtract from the rows read (LazyDP on a whole
+table: the table is then written once, by the update). Hooks registered
 with :meth:`DPEmbedding.add_inference_hook` run before reads outside
 training (``training`` falsy: evaluation, ``predict``, serving), e.g. to
 apply all pending noise before a model is evaluated or exported. Dense reads

@@ -173,6 +173,14 @@ def test_mechanism_knobs_caps_k_per_table_and_keeps_user_knobs():
     assert step_time.mechanism_knobs("dpsgd", {}, tables) == {}
 
 
+def test_mechanism_knobs_scoped_to_one_algorithm():
+    tables = [("embedding_0", 50_000)]
+    extra = {"dpfest:kept_noise": "lazy", "lazydp:aggregate": 0}
+    assert step_time.mechanism_knobs("dpfest", extra, tables)["kept_noise"] == "lazy"
+    assert step_time.mechanism_knobs("lazydp", extra, tables) == {"aggregate": 0}
+    assert step_time.mechanism_knobs("sgd", extra, tables) == {}
+
+
 def test_write_prior_round_trips_through_the_frequency_loader(tmp_path):
     from tfdp_sparse.selection import frequency
 

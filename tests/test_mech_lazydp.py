@@ -20,6 +20,7 @@ from tfdp_sparse.keras.lazy import (
     save_model,
 )
 from tfdp_sparse.layers import DPEmbedding
+from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST
 from tfdp_sparse.mechanisms.dpsgd import DPSGD
 from tfdp_sparse.mechanisms.lazydp import LazyDP
 
@@ -275,14 +276,17 @@ def test_fit_with_callbacks_ends_flushed_and_checkpoints_see_flushed_rows(tmp_pa
     assert not mech.has_pending()
 
 
-def test_checkpoint_restore_continues_exactly(tmp_path):
+@pytest.mark.parametrize("make", [lambda seed: LazyDP(1.0, 1.0, seed=seed),
+                                  lambda seed: LazyDPFEST(1.0, 1.0, kept_ids=[np.arange(1, 30, 3)], seed=seed)],
+                         ids=["lazydp", "dpfest_lazy"])
+def test_checkpoint_restore_continues_exactly(tmp_path, make):
     rng = np.random.default_rng(5)
     batches = [(tf.constant(rng.integers(0, 12, size=(4, 2)), tf.int64),
                 tf.constant(rng.integers(0, 2, size=4).astype(np.float32))) for _ in range(6)]
 
     def build(seed):
         model = _pooled_model(30, 3, seed=seed)
-        mech = LazyDP(1.0, 1.0, seed=seed)
+        mech = make(seed)
         mech.bind_model(model)
         schedule = tf.keras.optimizers.schedules.PiecewiseConstantDecay([2], [0.3, 0.1])
         opt = DPOptimizer(mech, schedule, expected_batch_size=4)

@@ -85,3 +85,25 @@ def test_unaggregated_lazydp_lookahead_equals_read_time_catch_up():
     assert max(moved) > 1e-3  # the runs trained (the comparison below is not between two untouched models)
     for a, b in zip(h.raw_weights(keras_model), h.raw_weights(tpu_model)):
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+
+
+def test_lazy_dpfest_lookahead_equals_read_time_catch_up():
+    """DP-FEST with lazy kept-row noise on the TPU program: the look-ahead delivers the kept rows' catch-up."""
+    data = h.batches(STEPS)
+    config = PrivacyConfig(algorithm="dpfest", noise_multiplier=h.SIGMA, l2_norm_clip=h.CLIP,
+                           extra=(("kept_ids", h.KEPT[0]), ("kept_noise", "lazy")))
+    keras_model, keras_mech = h.train_keras("dpfest", data, steps=STEPS, learning_rate=_schedule(), config=config)
+    tpu_model, tpu_mech = h.train_emulator("dpfest", data, steps=STEPS, learning_rate=_schedule(), config=config)
+    assert tpu_mech.plan.requires().defers_noise
+    for a, b in zip(h.raw_weights(keras_model), h.raw_weights(tpu_model)):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+    assert keras_mech.has_pending() and tpu_mech.has_pending()  # kept rows never read still owe noise
+    keras_mech.flush()
+    tpu_mech.flush()
+    assert not tpu_mech.has_pending()
+    for a, b in zip(h.raw_weights(keras_model), h.raw_weights(tpu_model)):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+    tables = lambda model: [layer.embeddings.numpy() for layer in h.split_functional_model(model, ("cat",)).layers]
+    for a, b, kept in zip(tables(h.build("dpfest", config=config)[0]), tables(tpu_model), h.KEPT[0]):
+        other = np.setdiff1d(np.arange(a.shape[0]), kept)
+        np.testing.assert_array_equal(b[other], a[other])  # rows outside the kept set never change

@@ -39,7 +39,8 @@ def define_flags() -> None:
     flags.DEFINE_float("noise_multiplier", 1.0, "sigma of the private mechanisms.")
     flags.DEFINE_float("l2_norm_clip", 1.0, "Per-example clipping bound C.")
     flags.DEFINE_float("learning_rate", 0.05, "SGD learning rate.")
-    flags.DEFINE_list("extra", [], "Mechanism knobs name=value passed via PrivacyConfig(extra=...).")
+    flags.DEFINE_list("extra", [], "Mechanism knobs name=value passed via PrivacyConfig(extra=...); "
+                      "algorithm:name=value for one algorithm only (e.g. dpfest:kept_noise=lazy).")
     flags.DEFINE_integer("seed", 0, "Seed of the data, the model and the noise.")
     flags.DEFINE_bool("predraw_dense_noise", False, "DPOptimizer(predraw_dense_noise=...): draw the dense layers' noise "
                       "before the mechanism's rule, concurrently with the forward and backward passes (a speed setting).")

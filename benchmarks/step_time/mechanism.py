@@ -42,11 +42,16 @@ _SELECTION_SOURCES = ("frequency_file", "selection_epsilon", "kept_ids")
 def mechanism_knobs(algorithm: str, extra: dict, tables: Sequence[tuple[str, int]]) -> dict:
     """``DEFAULT_EXTRA`` overridden by ``--extra``, fitted to the model's tables.
 
+    An ``--extra`` name of the form ``algorithm:knob`` applies to that
+    algorithm only (``dpfest:kept_noise=lazy`` leaves the others alone).
+
     ``tables`` are ``(layer name, rows)`` in feature order. An integer ``k``
     becomes a per-feature tuple capped at each table's rows, with
     ``feature_names`` so the selection maps features to layers by name.
     """
-    knobs = {**DEFAULT_EXTRA.get(algorithm, {}), **extra}
+    mine = {key.split(":", 1)[1]: v for key, v in extra.items() if key.startswith(f"{algorithm}:")}
+    shared = {key: v for key, v in extra.items() if ":" not in key}
+    knobs = {**DEFAULT_EXTRA.get(algorithm, {}), **shared, **mine}
     k = knobs.get("k")
     if isinstance(k, int) and not isinstance(k, bool):
         knobs["k"] = tuple(min(k, rows) for _, rows in tables)

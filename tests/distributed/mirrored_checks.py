@@ -29,6 +29,7 @@ from tfdp_sparse.layers import DPEmbedding  # noqa: E402
 from tfdp_sparse.mechanisms.adafest import AdaFEST  # noqa: E402
 from tfdp_sparse.mechanisms.dpsgd import DPSGD  # noqa: E402
 from tfdp_sparse.mechanisms.eana import EANA  # noqa: E402
+from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST  # noqa: E402
 from tfdp_sparse.mechanisms.lazydp import LazyDP  # noqa: E402
 from tfdp_sparse.mechanisms.nonprivate import NonPrivate  # noqa: E402
 
@@ -195,14 +196,20 @@ def noise(strategy, step_cls) -> dict:
             for label, f in (("sigma", 1.0), ("low", 2 / 3), ("high", 4 / 3))} | {"std": float(np.std(samples))}
 
 
-def lazy_noise(strategy) -> dict:
+# lazy DP-FEST's kept rows: every other row read at step 1, every row first read at step 2 (the samples)
+LAZY_DPFEST_KEPT = np.concatenate([np.arange(0, SHARED_ROWS // 2, 2), np.arange(SHARED_ROWS // 2, SHARED_ROWS)])
+
+
+def lazy_noise(strategy, mech=None, kept=None) -> dict:
     """KS p-values of LazyDP's catch-up + step noise on rows first read at step 2, by both replicas.
 
     Zero loss, lr = B = 1: after step 2 a row first read then carries two steps of noise,
     ``N(0, 2 sigma^2 C^2)``, once its catch-up is drawn once per global batch; drawn per replica
-    it would carry three (``sigma^2`` more per replica that read it).
+    it would carry three (``sigma^2`` more per replica that read it). ``mech``/``kept``: a lazy
+    DP-FEST and its kept rows (the samples are the kept rows; the others must stay zero).
     """
-    mech = LazyDP(SIGMA, 1.0)
+    mech = LazyDP(SIGMA, 1.0) if mech is None else mech
+    kept = np.arange(SHARED_ROWS) if kept is None else kept
     with strategy.scope():
         model = _table_model(3)
         opt = DPOptimizer(mech, 1.0, expected_batch_size=1)
@@ -214,7 +221,7 @@ def lazy_noise(strategy) -> dict:
         y = strategy.experimental_distribute_values_from_function(lambda ctx, r=rows: tf.zeros([len(r)]))
         step(x, y)
     copies = _copies(model)[0]
-    samples = -copies[0][half:].ravel()
+    samples = -copies[0][kept[kept >= half]].ravel()
     std = SIGMA * np.sqrt(2.0)
     pending = mech.pending_rows()["emb"]
     mech.flush()  # before evaluation / export: every copy gets the same deferred noise
@@ -224,7 +231,8 @@ def lazy_noise(strategy) -> dict:
         "copies_max_diff": float(np.max(np.abs(copies[0] - copies[1]))), "pending": pending,
         "pending_after_flush": mech.pending_rows()["emb"],
         "flushed_copies_max_diff": float(np.max(np.abs(flushed[0] - flushed[1]))),
-        "flush_moved": float(np.max(np.abs(flushed[0][:half] - copies[0][:half])))}
+        "flush_moved": float(np.max(np.abs(flushed[0][:half] - copies[0][:half]))),
+        "other_rows_max_abs": float(np.max(np.abs(np.delete(flushed, kept, axis=1)), initial=0.0))}
 
 
 def ledger_steps(strategy) -> dict:
@@ -277,6 +285,8 @@ def main() -> None:
         "noise_global": noise(strategy, MirroredPrivateStep),
         "noise_per_replica": noise(strategy, PerReplicaNoisingStep),
         "lazy_noise": lazy_noise(strategy),
+        "lazy_dpfest_noise": lazy_noise(strategy, LazyDPFEST(SIGMA, 1.0, kept_ids=[LAZY_DPFEST_KEPT]),
+                                        LAZY_DPFEST_KEPT),
         "ledger": ledger_steps(strategy),
         "refusals": refusals(strategy),
     }

@@ -89,6 +89,17 @@ def test_lazydp_catch_up_drawn_once_per_global_batch(checks):
     assert checks["refusals"]["lazydp_noise"] == "no error"
 
 
+def test_lazy_dpfest_catch_up_drawn_once_per_global_batch(checks):
+    """DP-FEST kept_noise=lazy: kept rows as LazyDP's rows above; rows outside the kept set stay zero."""
+    got = checks["lazy_dpfest_noise"]
+    assert got["p_sigma"] > 1e-5, got
+    assert got["p_low"] < 1e-6 and got["p_high"] < 1e-6, got
+    assert got["copies_max_diff"] == 0.0 and got["flushed_copies_max_diff"] == 0.0, got
+    assert got["pending"] == 100, got  # the kept rows read at step 1 only owe step 2's noise
+    assert got["pending_after_flush"] == 0 and got["flush_moved"] > 0, got
+    assert got["other_rows_max_abs"] == 0.0, got
+
+
 def test_ledger_records_one_event_per_global_step(checks):
     got = checks["ledger"]
     assert got["steps"] == 3

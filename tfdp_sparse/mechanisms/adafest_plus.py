@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-import dp_accounting
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms import adafest
@@ -130,13 +129,6 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
             rng=self.rng,
         )
         return dict(zip(tables, filters))
-
-    def setup_event(self) -> Optional[dp_accounting.DpEvent]:
-        """The plan's one-off preselection cost for the bound tables (RDP accountant only when private)."""
-        return self.plan.setup_event(self.selection.table_infos())
-
-    def describe(self) -> dict:
-        return {**self.plan.describe(), **self.selection.describe()}
 
 
 def from_config(config, seed: Optional[int] = None) -> AdaFESTPlus:

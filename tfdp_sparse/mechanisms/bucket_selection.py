@@ -374,6 +374,22 @@ class BucketSelection(tf.Module):
             out[i] = self._kept[f].read_value()
         return out
 
+    def kept_of(self, table: tf.Variable) -> tf.Tensor:
+        """The sorted kept ids (int64) of one table seen by :meth:`bind_model`.
+
+        For callers that handle one table at a time (the lazy rule's flush,
+        :mod:`tfdp_sparse.mechanisms.dpfest_lazy`). Example:
+        ``selection.kept_of(model.get_layer("movie").embeddings)`` -> ``[k]``.
+        """
+        f = self._binding.feature_of.get(variable_key(table))
+        if f is None:
+            raise ValueError(f"table {table.name} was not seen by bind_model(model)")
+        if not self.is_selected and self.mode == "frequency_file":
+            self._load_frequency_file(self._binding.sizes)
+        if not self.is_selected:
+            raise ValueError("DP-FEST has no kept sets yet: call select(counts_per_table) (or restore them) first")
+        return self._kept[f].read_value()
+
     # -- accounting --------------------------------------------------------------
 
     def table_infos(self) -> Optional[list[TableInfo]]:

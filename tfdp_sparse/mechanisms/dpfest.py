@@ -84,7 +84,7 @@ import tensorflow as tf
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_rows_at
 from tfdp_sparse.mechanisms.bucket_selection import BucketSelection, KSpec
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
-from tfdp_sparse.mechanisms.plans.dpfest import KNOBS, DPFESTPlan, plan_from_config  # noqa: F401
+from tfdp_sparse.mechanisms.plans.dpfest import KNOBS, DPFESTPlan, KeptNoise, plan_from_config  # noqa: F401
 from tfdp_sparse.mechanisms.plans.selection import SELECTION_KNOBS  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.tables import embedding_tables  # noqa: F401 (re-exported)
 
@@ -92,6 +92,19 @@ from tfdp_sparse.mechanisms.tables import embedding_tables  # noqa: F401 (re-exp
 def selection_from_config(config, seed: Optional[int] = None) -> BucketSelection:
     """A :class:`BucketSelection` from the selection knobs of ``config`` (see :mod:`.plans.selection`)."""
     return BucketSelection.from_settings(plan_from_config(config).selection, seed=seed)
+
+
+def selection_of(k: Optional[KSpec], selection: Optional[BucketSelection], seed: Optional[int],
+                 selection_kwargs: dict) -> BucketSelection:
+    """``selection``, or one built from ``k`` and its source knobs (exactly one of the two ways).
+
+    Example: ``selection_of(10, None, None, {"kept_ids": [[1, 2]]})`` -> a ``BucketSelection``.
+    """
+    if selection is None:
+        return BucketSelection(k, seed=seed, **selection_kwargs)
+    if k is not None or selection_kwargs:
+        raise ValueError("give either selection=... or k and its source knobs, not both")
+    return selection
 
 
 class UsesSelection:
@@ -115,9 +128,17 @@ class UsesSelection:
     def needs_private_selection(self) -> bool:
         return self.selection.is_private and not self.selection.is_selected
 
+    def setup_event(self) -> Optional[dp_accounting.DpEvent]:
+        """The plan's one-off selection cost for the bound tables (RDP accountant only); ``None`` if public."""
+        return self.plan.setup_event(self.selection.table_infos())
 
-class DPFEST(UsesSelection, Mechanism):
-    """DP-SGD noise on every kept row of every table, nothing elsewhere.
+    def describe(self) -> dict:
+        return {**self.plan.describe(), **self.selection.describe()}
+
+
+class DPFESTRule(UsesSelection):
+    """Construction shared by DP-FEST's rules: eager (:class:`DPFEST`) and lazy
+    (:class:`~tfdp_sparse.mechanisms.dpfest_lazy.LazyDPFEST`), which differ in :attr:`KEPT_NOISE`.
 
     Args:
       noise_multiplier: sigma.
@@ -127,6 +148,8 @@ class DPFEST(UsesSelection, Mechanism):
         optionally ``feature_names``, ``vocab_sizes``, ``accountant``) to build one.
       seed: seed of the noise generator (and of the Gumbel selection).
     """
+
+    KEPT_NOISE: KeptNoise = KeptNoise.EAGER
 
     def __init__(
         self,
@@ -138,13 +161,19 @@ class DPFEST(UsesSelection, Mechanism):
         seed: Optional[int] = None,
         **selection_kwargs,
     ):
-        if selection is None:
-            selection = BucketSelection(k, seed=seed, **selection_kwargs)
-        elif k is not None or selection_kwargs:
-            raise ValueError("give either selection=... or k and its source knobs, not both")
-        plan = DPFESTPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, selection=selection.settings)
-        super().__init__(plan, seed=seed)
+        selection = selection_of(k, selection, seed, selection_kwargs)
+        plan = DPFESTPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, selection=selection.settings,
+                          kept_noise=self.KEPT_NOISE)
+        Mechanism.__init__(self, plan, seed=seed)  # not a base's own __init__ (LazyDP's builds LazyDP's plan)
         self.selection = selection
+        self._init_rule_state()
+
+    def _init_rule_state(self) -> None:
+        """Per-rule state after the plan and the selection (eager DP-FEST has none)."""
+
+
+class DPFEST(DPFESTRule, Mechanism):
+    """DP-SGD noise on every kept row of every table, nothing elsewhere (arguments: :class:`DPFESTRule`)."""
 
     @property
     def noise_multiplier(self) -> float:
@@ -170,13 +199,6 @@ class DPFEST(UsesSelection, Mechanism):
             out.append(tf.IndexedSlices(values, ids, tf.constant(var.shape.as_list(), tf.int64)))
             count += k * width
         return NoisedGradients(out, count)
-
-    def setup_event(self) -> Optional[dp_accounting.DpEvent]:
-        """The plan's one-off selection cost for the bound tables (RDP accountant only); ``None`` if public."""
-        return self.plan.setup_event(self.selection.table_infos())
-
-    def describe(self) -> dict:
-        return {**self.plan.describe(), **self.selection.describe()}
 
 
 def from_config(config, seed: Optional[int] = None) -> DPFEST:

@@ -51,6 +51,12 @@ from tfdp_sparse.tables import variable_device, variable_key
 _SERVER_STREAM = 1000
 
 
+#: History value of a row that never owes noise (DP-FEST's rows outside the kept set,
+#: :mod:`.dpfest_lazy`): ``min(last, k) = k`` owes nothing, ``max(last, k)`` keeps it, and
+#: ``history < k`` never counts it as pending.
+NEVER_OWES = 2**31 - 1
+
+
 def owed_std(cum: tf.Variable, last: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
     """``sqrt(S_k - S_min(last, k))`` per row (float32), ``S = cum`` the running sum of squared rates.
 

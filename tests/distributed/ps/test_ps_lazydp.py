@@ -73,3 +73,39 @@ def test_server_catch_up_noise_per_shard(ps):
         assert stats.kstest(samples, "norm", args=(0, STD * np.sqrt(3))).pvalue > 1e-5
         for factor in (2 / 3, 4 / 3):
             assert stats.kstest(samples, "norm", args=(0, STD * np.sqrt(3) * factor)).pvalue < 1e-6
+
+
+def test_lazy_dpfest_kept_rows_caught_up_on_the_servers(ps):
+    """DP-FEST kept_noise=lazy on sharded tables: kept rows first read at step 3 carry 3 steps of noise
+    (KS at sigma, rejected at sigma * (1 -+ 1/3)), rows outside the kept set never change nor owe."""
+    strategy, coordinator = ps
+    kept = np.arange(0, VOCAB, 2)  # every other row, on both shards
+
+    def factory():
+        return build(PrivacyConfig(algorithm="dpfest", noise_multiplier=SIGMA, l2_norm_clip=CLIP,
+                                   extra=(("kept_ids", [kept]), ("kept_noise", "lazy"))))
+
+    model, mechanism, optimizer, recorder = cluster_model(strategy, VOCAB, DIM, factory, LR, BATCH, zero_kernel=True)
+    _frozen_dense(model)
+    step = cluster_step_fn(strategy, model, optimizer, recorder)
+    early = np.arange(EARLY * IDS, dtype=np.int64).reshape(-1, IDS) % EARLY
+    late = np.arange(EARLY, VOCAB, dtype=np.int64).reshape(-1, IDS)
+    before = table_of(model)
+    for features in (early, early, late):
+        coordinator.schedule(step, args=(tf.constant(features), tf.constant(np.zeros((len(features), 1), np.float32))))
+        coordinator.join()
+    assert mechanism.pending_rows()["table"] == EARLY // 2  # the kept early rows, not read at step 3
+    delta = table_of(model) - before
+    other = np.setdiff1d(np.arange(VOCAB), kept)
+    np.testing.assert_array_equal(delta[other], 0.0)
+    split = int(model.get_layer("table").embeddings.variables[0].shape[0])
+    for lo, hi in ((EARLY, split), (split, VOCAB)):
+        rows = kept[(kept >= lo) & (kept < hi)]
+        samples = delta[rows].reshape(-1)
+        assert samples.size >= 1000
+        assert stats.kstest(samples, "norm", args=(0, STD * np.sqrt(3))).pvalue > 1e-5
+        for factor in (2 / 3, 4 / 3):
+            assert stats.kstest(samples, "norm", args=(0, STD * np.sqrt(3) * factor)).pvalue < 1e-6
+    mechanism.flush()
+    assert not mechanism.has_pending()
+    np.testing.assert_array_equal((table_of(model) - before)[other], 0.0)

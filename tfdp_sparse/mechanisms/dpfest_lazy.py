@@ -1,0 +1,146 @@
+"""DP-FEST with lazy noise on its kept rows: the kept set's noise drawn at read time, LazyDP's way.
+
+Eager DP-FEST (Ghazi et al., NeurIPS'23, §3.1; :mod:`.dpfest`) adds
+``N(0, sigma^2 C^2)`` to every kept row at every step: ``k`` rows per step,
+whatever the batch touched. That noise depends on no data, so LazyDP's
+argument (Lim et al., ASPLOS'24, §5.2.1 lazy update, §5.2.2 aggregated
+sampling; DESIGN §2 item 7) applies to the kept set: a kept row that is not
+read between steps ``last[r]`` and ``t`` influences no gradient in between, so
+its noise of those steps can be added in one Gaussian just before it is next
+read (or flushed, or exported):
+
+    kept row r read at step t, noise applied up to step last[r]:
+        table[r] -= (sigma C / B) * N(0, sum_{s=last[r]+1}^{t-1} eta_s^2 I_d)
+
+Rows outside the kept set never change (as in eager DP-FEST) and never owe
+noise: their history holds :data:`~.lazydp_sharded.NEVER_OWES`, written once,
+on the first step (or flush) after the kept sets exist. Everything else is
+LazyDP's machinery, unchanged: the read hooks on ``DPEmbedding``, the
+inference-read flush, the SavedModel and export refusals
+(:func:`tfdp_sparse.export.ensure_no_pending_noise`), the Keras callbacks
+(:mod:`tfdp_sparse.keras.lazy`), the server-side catch-up on parameter
+servers, the once-per-global-batch catch-up under mirrored replicas and
+``owed_rows`` for the TPU program's look-ahead. A flush touches the ``k``
+kept rows only.
+
+The output has eager DP-FEST's distribution when the tables are trained by
+plain SGD at the optimizer's rates (any schedule), so the same requirements
+as LazyDP are checked: plain SGD, a fixed ``expected_batch_size``, tables read
+through ``DPEmbedding``. Accounting is DP-FEST's (:mod:`.plans.dpfest`).
+
+Example::
+
+    mech = LazyDPFEST(noise_multiplier=1.0, l2_norm_clip=1.0, k=1000, kept_ids=[ids])
+    mech.bind_model(model)                         # selection and read hooks
+    opt = DPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)
+    ...train...
+    mech.flush()                                   # the kept rows catch up
+    assert not mech.has_pending()
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from tfdp_sparse.distribute.shards import is_sharded
+from tfdp_sparse.mechanisms.adafest_plus import to_domain_positions
+from tfdp_sparse.mechanisms.base import StepGrads
+from tfdp_sparse.mechanisms.dpfest import DPFESTRule
+from tfdp_sparse.mechanisms.lazydp import LazyDP
+from tfdp_sparse.mechanisms.lazydp_catchup import _no_autograph
+from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, history_rows
+from tfdp_sparse.mechanisms.plans.dpfest import KeptNoise
+from tfdp_sparse.mechanisms.tables import variable_device, variable_key
+
+
+class LazyDPFEST(DPFESTRule, LazyDP):
+    """DP-FEST whose kept rows receive their noise when read (module doc; arguments: :class:`DPFESTRule`)."""
+
+    KEPT_NOISE = KeptNoise.LAZY
+
+    def _init_rule_state(self) -> None:
+        """LazyDP's state, and per bound table whether its rows outside the kept set are marked."""
+        self._init_lazy_state()
+        self._kept_marked: list[tf.Variable] = []
+
+    aggregate = property(lambda self: True, doc="One draw for all skipped steps of a row (always).")
+    dense_fallback = property(lambda self: False, doc="Plain Keras tables are refused (use kept_noise=eager).")
+
+    def bind_model(self, model) -> None:
+        """Binds the selection (tables -> features) and LazyDP's read hooks; see both ``bind_model``."""
+        self.selection.bind_model(model)
+        LazyDP.bind_model(self, model)
+        for history in self._histories[len(self._kept_marked):]:
+            with tf.init_scope(), tf.device(variable_device(history)):
+                self._kept_marked.append(tf.Variable(False, trainable=False, name="dpfest_kept_marked"))
+
+    def _bind_keras_embedding(self, layer) -> None:
+        raise ValueError(
+            f"layer {layer.name!r} is a tf.keras.layers.Embedding: DP-FEST with kept_noise=lazy catches kept "
+            "rows up when they are read, which only tfdp_sparse.layers.DPEmbedding reports. Use DPEmbedding, "
+            "or kept_noise=eager (every kept row noised at every step)"
+        )
+
+    @_no_autograph
+    def _mark_outside_kept(self, i: int, kept: tf.Tensor) -> tf.Tensor:
+        """Once per table: every row outside ``kept`` gets history ``NEVER_OWES`` (kept rows keep theirs)."""
+        history, flag = self._histories[i], self._kept_marked[i]
+
+        def mark():
+            saved = history_rows(history, kept)
+            with tf.control_dependencies([saved]):
+                fills = [block.assign(tf.fill(tf.shape(block), NEVER_OWES))
+                         for block in (history.variables if is_sharded(history) else [history])]
+            with tf.control_dependencies(fills):
+                put = history.scatter_update(tf.IndexedSlices(saved, kept))
+            with tf.control_dependencies([put]):
+                return flag.assign(True)
+
+        return tf.cond(flag, lambda: tf.constant(False), mark)
+
+    def _noised_domains(self, step: StepGrads) -> list:
+        """The kept ids per table (after the once-only marking), ``None`` for other variables."""
+        kept = self.selection.kept_sets(step.variables, step.is_table)
+        out = []
+        for var, ids in zip(step.variables, kept):
+            i = self._tables.index.get(variable_key(var))
+            if ids is None or i is None:
+                out.append(ids)
+                continue
+            with tf.control_dependencies([self._mark_outside_kept(i, ids)]):
+                out.append(tf.identity(ids))
+        return out
+
+    def _rows_to_noise(self, grad: Optional[tf.IndexedSlices], domain: tf.Tensor,
+                       width: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """The touched *kept* rows and their summed gradients (other rows' gradients are dropped)."""
+        ids, summed = LazyDP._rows_to_noise(self, grad, None, width)
+        kept = to_domain_positions(ids, domain) >= 0
+        return tf.boolean_mask(ids, kept), tf.boolean_mask(summed, kept)
+
+    @_no_autograph
+    def _flush_table(self, i: int, opt):
+        """Catches the ``k`` kept rows of table ``i`` up (the other rows owe nothing)."""
+        table, history = self._tables.variables[i], self._histories[i]
+        if not self.selection.is_selected and self.selection.is_private:
+            return tf.no_op()  # no kept set, so no step has run: nothing is owed
+        kept = self.selection.kept_of(table)
+        k = tf.cast(opt.iterations, tf.int32)
+        carried = self._flush_carry(i)
+        with tf.control_dependencies([self._mark_outside_kept(i, kept)] + ([carried] if carried is not None else [])):
+            last = history_rows(history, kept)
+        noise = self._deferred_noise(last, k, tf.stack([tf.size(kept), int(table.shape[1])]), self._scale(opt))
+        written = table.scatter_sub(tf.IndexedSlices(noise, kept, tf.constant(table.shape.as_list(), tf.int64)))
+        with tf.control_dependencies([written]):
+            marked = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), kept))
+            flushed = self._flushed_at[i].assign(tf.cast(k, tf.int64))
+        return tf.group(written, marked, flushed)
+
+    @_no_autograph
+    def reset_state(self) -> None:
+        """LazyDP's reset, and the rows outside the kept sets are marked again at the next step."""
+        LazyDP.reset_state(self)
+        for flag in self._kept_marked:
+            flag.assign(False)

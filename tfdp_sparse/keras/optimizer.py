@@ -269,7 +269,8 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip, users=users)
         # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
         # map uses them; unused, their ops are pruned from the traced step).
-        noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups)
+        noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups,
+                                          users=None if users is None else users.segments)
         if self.expected_batch_size is not None:
             denominator = tf.constant(float(self.expected_batch_size))
         else:

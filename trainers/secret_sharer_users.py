@@ -14,8 +14,9 @@ unit").
 
 Both runs train on the same planted data (every example of the training
 users, grouped by MovieLens-style ``userId``, plus the canary users) with the
-same σ, C, steps and expected batch; the user-level run's batch is
-``--batch_size`` *users* of at most ``k`` examples each.
+same σ, C and steps and about as many examples per step: the user-level
+run samples ``--user_batch_size`` users (default ``--batch_size // k``) of
+at most ``k`` examples each.
 
 Example::
 
@@ -75,6 +76,15 @@ class UserCanaryExperiment:
                                                 num_references=1024)
     l2_norm_clip: float = 1.0
     accountant: str = "rdp"
+    #: Expected users per step of the user-level run (default: ``loop.batch_size // k``, about as many
+    #: examples per step as the example-level run).
+    user_batch_size: Optional[int] = None
+
+    @property
+    def user_loop(self) -> loop_lib.LoopConfig:
+        """The user-level run's loop: ``user_batch_size`` users per step on average."""
+        users = self.user_batch_size or max(1, self.loop.batch_size // self.max_examples_per_user)
+        return dataclasses.replace(self.loop, batch_size=users)
 
 
 def plant_user_canaries(train: dict, num_movies: int, config: ss.CanaryConfig) -> ss.PlantedCanaries:
@@ -105,12 +115,12 @@ def _train_and_measure(experiment: UserCanaryExperiment, planted: ss.PlantedCana
     """Trains one model at ``unit``; one row per repetition count."""
     privacy = PrivacyConfig(algorithm="dpsgd", noise_multiplier=experiment.sigma,
                             l2_norm_clip=experiment.l2_norm_clip, accountant=experiment.accountant).validate()
-    run = trainer.DualEncoderRun(privacy=privacy, loop=experiment.loop, data=experiment.data, model=experiment.model,
-                                 unit=unit)
+    loop = experiment.user_loop if unit.is_user_level else experiment.loop
+    run = trainer.DualEncoderRun(privacy=privacy, loop=loop, data=experiment.data, model=experiment.model, unit=unit)
     model, result = trainer.train_model(run, planted.train_arrays, num_rows)
     report = ss.measure_exposure(planted, dual_encoder.softmax_loss_fn(model))
     common = {**unit.describe(), "algorithm": "dpsgd", "noise_multiplier": experiment.sigma,
-              "l2_norm_clip": experiment.l2_norm_clip, "batch_size": experiment.loop.batch_size,
+              "l2_norm_clip": experiment.l2_norm_clip, "batch_size": loop.batch_size,
               "steps": result.steps, "epsilon": None if result.epsilon is None else round(float(result.epsilon), 4),
               "delta": result.delta, "accountant": experiment.accountant, "private": result.private,
               "null_exposure": round(report.null_exposure, 4), "step_ms": round(result.step_ms, 2)}
@@ -184,23 +194,28 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_integer("num_references", 1024, "never-inserted references", **fv)
     flags.DEFINE_float("noise_multiplier", 0.5, "sigma of both runs", **fv)
     flags.DEFINE_integer("max_examples_per_user", 4, "k of the user-level run", **fv)
-    flags.DEFINE_integer("batch_size", 32, "expected examples (example level) / users (user level) per step", **fv)
+    flags.DEFINE_integer("batch_size", 32, "expected examples per step of the example-level run", **fv)
+    flags.DEFINE_integer("user_batch_size", None, "expected users per step of the user-level run (default "
+                         "batch_size // max_examples_per_user)", **fv)
     flags.DEFINE_integer("steps", 400, "steps of each run", **fv)
     flags.DEFINE_integer("num_users", 600, "synthetic users", **fv)
     flags.DEFINE_integer("num_movies", 300, "synthetic movies", **fv)
     flags.DEFINE_integer("dim", 32, "embedding width", **fv)
+    flags.DEFINE_float("learning_rate", 1.0, "SGD learning rate of the tables (dense layers: Adam 1e-3)", **fv)
 
 
 def experiment_from_flags(fv: flags.FlagValues = FLAGS) -> UserCanaryExperiment:
+    """The :class:`UserCanaryExperiment` of the parsed flags."""
     data = trainer.DataConfig(num_users=fv.num_users, num_movies=fv.num_movies, num_clusters=10,
                               num_eval_examples=100, context_length=20)
     model = dual_encoder.DualEncoderConfig(num_rows=2, context_length=20, dim=fv.dim, negatives="full")
-    loop = loop_lib.LoopConfig(batch_size=fv.batch_size, steps=fv.steps, learning_rate=20.0, log_every=100,
+    loop = loop_lib.LoopConfig(batch_size=fv.batch_size, steps=fv.steps, learning_rate=fv.learning_rate, log_every=100,
                                dense_optimizer="adam", dense_learning_rate=1e-3)
     canaries = ss.CanaryConfig(repetitions=tuple(int(r) for r in fv.repetitions),
                                canaries_per_repetition=fv.canaries_per_repetition,
                                num_references=fv.num_references, num_controls=fv.canaries_per_repetition)
-    return UserCanaryExperiment(data, model, loop, fv.noise_multiplier, fv.max_examples_per_user, canaries)
+    return UserCanaryExperiment(data, model, loop, fv.noise_multiplier, fv.max_examples_per_user, canaries,
+                                user_batch_size=fv.user_batch_size)
 
 
 def main(argv, fv: Optional[flags.FlagValues] = None) -> int:

@@ -60,12 +60,13 @@ def sampled_batches(sampler: sampling.IndexSampler, gather: Callable, start: int
 
 def make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_split: Optional[Callable],
               unit: PrivacyUnitConfig = PrivacyUnitConfig()):
-    """``PrivateStep`` for the Keras backend (at ``unit``), else the TPU program (:mod:`tfdp_sparse.layers.tpu`)."""
+    """``PrivateStep`` for the Keras backend (at ``unit``), else the TPU program (:mod:`tfdp_sparse.layers.tpu`).
+
+    The TPU program clips examples: the user level is refused before this
+    (:func:`trainers.lib.user_level.check_user_level`).
+    """
     if loop.performance.embedding_backend is EmbeddingBackend.KERAS:
         return PrivateStep(model, loss_fn, optimizer, jit_compile=loop.performance.jit_compile, unit=unit)
-    if unit.is_user_level:
-        raise ValueError(f"privacy_unit=user is not supported with embedding_backend="
-                         f"{loop.performance.embedding_backend.value}: the TPU program clips each example")
     if tpu_split is None:
         raise ValueError(f"embedding_backend={loop.performance.embedding_backend.value} needs the trainer's tpu_split "
                          "(how to cut the model at its lookups); this trainer gives none")

@@ -170,3 +170,16 @@ def test_dual_encoder_user_level_on_synthetic_movielens():
     assert metrics["privacy_unit"] == "user" and metrics["max_examples_per_user"] == 2
     assert "privacy_unit_note" not in metrics and metrics["epsilon"] is not None
     assert metrics["training_users"] == metrics["train_users"] == 48
+
+
+def test_criteo_tsv_refuses_the_user_level_and_says_why(tmp_path):
+    from tests.test_train_pctr import criteo_lines
+
+    path = tmp_path / "train.txt"
+    path.write_text("".join(line + "\n" for line in criteo_lines(100)))
+    run = pctr_run(num_users=None)
+    run = dataclasses.replace(run, data=pctr_data.DataConfig(source=str(path), eval_fraction=0.2))
+    with pytest.raises(ValueError, match="Criteo logs name no user"):
+        tp.train_and_evaluate(run)
+    with pytest.raises(ValueError, match="num_users=40 applies to data='synthetic' only"):
+        pctr_data.load_data(pctr_data.DataConfig(source=str(path), num_users=40))

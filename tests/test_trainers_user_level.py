@@ -183,3 +183,13 @@ def test_criteo_tsv_refuses_the_user_level_and_says_why(tmp_path):
         tp.train_and_evaluate(run)
     with pytest.raises(ValueError, match="num_users=40 applies to data='synthetic' only"):
         pctr_data.load_data(pctr_data.DataConfig(source=str(path), num_users=40))
+
+
+def test_report_table_shows_the_unit_and_k():
+    from trainers import report
+
+    rows = [{"algorithm": "dpsgd", "privacy_unit": "example", "epsilon": 1.0},
+            {"algorithm": "dpsgd", "privacy_unit": "user", "max_examples_per_user": 5, "epsilon": 1.0}]
+    lines = report.format_table(rows).splitlines()
+    assert lines[0].split() == ["algorithm", "unit", "k/user", "epsilon"]
+    assert lines[2].split() == ["dpsgd", "example", "-", "1"] and lines[3].split() == ["dpsgd", "user", "5", "1"]

@@ -21,7 +21,9 @@ from typing import Callable
 from absl import app, flags
 
 from tfdp_sparse import mechanisms
+from tfdp_sparse.clipping.user_norms import UserClipMethod
 from tfdp_sparse.config import PrivacyConfig
+from tfdp_sparse.privacy_unit import PrivacyUnit, PrivacyUnitConfig
 from trainers import summary
 
 #: Help of every ``--delta`` flag: the default is :func:`tfdp_sparse.accounting.default_delta` of N.
@@ -71,6 +73,36 @@ def define_privacy_flags(flag_values: flags.FlagValues) -> None:
     flags.DEFINE_boolean("aggregate", None, "LazyDP: one aggregated noise draw per caught-up row (default true)",
                          **fv)
     flags.DEFINE_boolean("dense_fallback", None, "LazyDP: dense DP-SGD noise for plain Keras Embedding tables", **fv)
+
+
+def define_privacy_unit_flags(flag_values: flags.FlagValues) -> None:
+    """``--privacy_unit``, ``--max_examples_per_user``, ``--user_clipping`` (issue 20: user-level DP)."""
+    fv = dict(flag_values=flag_values)
+    flags.DEFINE_enum_class(
+        "privacy_unit", PrivacyUnit.EXAMPLE, PrivacyUnit,
+        "what epsilon protects: one example, or one user with all their examples (users sampled by Poisson, "
+        "--batch_size = expected users per step, at most --max_examples_per_user each, each user's summed "
+        "gradient clipped to --l2_norm_clip; needs data with user ids)", **fv)
+    flags.DEFINE_integer("max_examples_per_user", None, "--privacy_unit=user: k, the public cap of examples a "
+                         "sampled user gives a step (required at the user level)", **fv)
+    flags.DEFINE_enum_class(
+        "user_clipping", UserClipMethod.GROUP_NORM, UserClipMethod,
+        "--privacy_unit=user: clip each user's exact summed gradient (group_norm) or each example to C/k "
+        "(example_share)", **fv)
+
+
+def privacy_unit_from_flags(fv: flags.FlagValues) -> PrivacyUnitConfig:
+    """The :class:`PrivacyUnitConfig` of the parsed flags (refuses user-level flags at the example level).
+
+    Example: ``--privacy_unit=user --max_examples_per_user=5`` gives ``PrivacyUnitConfig.user(5)``.
+    """
+    if fv.privacy_unit is PrivacyUnit.EXAMPLE:
+        if fv.max_examples_per_user is not None:
+            raise app.UsageError("--max_examples_per_user applies to --privacy_unit=user only")
+        return PrivacyUnitConfig()
+    if fv.max_examples_per_user is None:
+        raise app.UsageError("--privacy_unit=user needs --max_examples_per_user=k (a public cap)")
+    return PrivacyUnitConfig.user(fv.max_examples_per_user, fv.user_clipping)
 
 
 def define_optimizer_flags(flag_values: flags.FlagValues, learning_rate: float) -> None:

@@ -69,6 +69,7 @@ from tfdp_sparse.data.sampling import BatchSampler
 from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.keras.private_setup import prepare_private
 from tfdp_sparse.noise_source import NoiseSource
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers import tensorboard
 from trainers.lib import steps as steps_lib
 from trainers.lib.budget import plan_steps
@@ -92,6 +93,7 @@ from trainers.lib.privacy import (
     with_default_delta,
 )
 from trainers.lib.result import TrainResult, finish, mark_void
+from trainers.lib.user_level import USER_COLUMN, UserRows, check_user_level, dense_user_ids, with_user_ids
 
 __all__ = [
     "BatchSampler", "LoopConfig", "PerformanceFlags", "PreTrainingRelease", "TrainResult", "accounting_delta", "calibrate",
@@ -114,6 +116,7 @@ def train_privately(
     sensitivity_caveat: Optional[str] = None,
     optimizer: Optional[DPOptimizer] = None,
     tpu_split: Optional[Callable] = None,
+    unit: PrivacyUnitConfig = PrivacyUnitConfig(),
 ) -> TrainResult:
     """Trains ``model`` on ``arrays`` with the mechanism named in ``privacy``.
 
@@ -145,25 +148,36 @@ def train_privately(
         the one ``privacy`` describes; not with ``loop.model_dir``.
       tpu_split: ``model -> ModelSplit`` (:mod:`tfdp_sparse.layers.tpu.model_split`),
         required when ``loop.performance.embedding_backend`` is not ``KERAS``.
+      unit: the privacy unit (default: one example). At the user level
+        ``arrays["user"]`` holds each example's user (any integer ids),
+        ``loop.batch_size`` is the expected number of *users* per step, each
+        sampled user gives at most ``k`` examples (:mod:`trainers.lib.user_level`),
+        each user's summed gradient is clipped, and ``q`` and ε are over users.
 
     Raises:
       ValueError: bad settings, a ``model_dir`` holding a run with other
         privacy settings, an accountant the mechanism cannot use.
     """
-    n = validate_run(arrays, loop)
+    check_user_level(unit, arrays, privacy.sampling, loop)
+    noise = NoiseSource(loop.noise_seed)
+    n, users = validate_run(arrays, loop), None
+    if unit.is_user_level:  # q, N and ε over users; the user column is not a feature
+        user_ids = dense_user_ids(arrays[USER_COLUMN])
+        arrays = {k: v for k, v in arrays.items() if k != USER_COLUMN}
+        users = UserRows(user_ids, loop.batch_size, unit.max_examples_per_user, noise)
+        n = users.num_users
     privacy = with_default_delta(privacy, n)
     calibrating = privacy.target_epsilon is not None and loop.calibrate_noise
-    identity = run_identity(privacy, calibrating)
+    identity = run_identity(privacy, calibrating, unit)
     saved = find_saved_run(loop.model_dir, identity)  # a run in model_dir: same settings; σ and ledger from it
     options = setup_options(loop, pre_training, selection_counts, sensitivity_caveat, saved, optimizer)
     setup = prepare_private(model, privacy, run_shape(loop, n), options)  # the setup make_private uses
     resolved, optimizer, ledger = setup.resolved, setup.optimizer, setup.ledger
-    noise = NoiseSource(loop.noise_seed)
     if not noise.is_secure:
         log.warning("NOT PRIVATE: %s (LoopConfig.noise_seed / --noise_seed is for tests and debugging)",
                     noise.not_private_reason)
     mechanism = optimizer.mechanism
-    step_fn = steps_lib.make_step(model, loss_fn, optimizer, loop, tpu_split)
+    step_fn = steps_lib.make_step(model, loss_fn, optimizer, loop, tpu_split, unit)
     checkpoint = RunCheckpoint.open(loop.model_dir, model, optimizer, identity, resolved.privacy.noise_multiplier)
     if saved is not None:
         ledger = checkpoint.restore(saved)
@@ -172,8 +186,15 @@ def train_privately(
     planned, stop_reason = plan_steps(ledger, setup.accounting.event, loop, resolved)
 
     features = features or default_features(arrays)
-    sampler = BatchSampler(resolved.privacy.sampling, n, loop.batch_size, noise)
-    signature, batches = steps_lib.sampled_batches(sampler, lambda idx: features(arrays, idx), start, planned)
+
+    def gather(idx: np.ndarray) -> tuple:
+        return features(arrays, idx)
+
+    if users is None:
+        sampler = BatchSampler(resolved.privacy.sampling, n, loop.batch_size, noise)
+    else:
+        sampler, gather = users, with_user_ids(gather, user_ids)
+    signature, batches = steps_lib.sampled_batches(sampler, gather, start, planned)
     compiled, batches = steps_lib.compile_step(step_fn, signature, batches, loop)
     board = tensorboard.open_training_log(loop.tensorboard_dir, clipped=mechanism.l2_norm_clip is not None)
     stats = steps_lib.run_steps(compiled, batches, start, planned, ledger, setup.accounting, loop, board, checkpoint)
@@ -182,4 +203,5 @@ def train_privately(
     mechanism.flush()
     if planned > start:
         checkpoint.save(ledger)
-    return finish(ledger, stats, resolved, optimizer, loop, start, stop_reason, noise, tuple(pre_training))
+    return finish(ledger, stats, resolved, optimizer, loop, start, stop_reason, noise, tuple(pre_training), unit,
+                  None if users is None else users.num_users)

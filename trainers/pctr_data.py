@@ -28,6 +28,7 @@ from tfdp_sparse.accounting.releases import PreTrainingRelease
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import prepared_rows, synthetic
 from tfdp_sparse.data.criteo_schema import KAGGLE_VOCAB_SIZES
+from tfdp_sparse.data.synthetic_users import SyntheticUsers
 from tfdp_sparse.data.vocabulary import VocabularyKind
 from tfdp_sparse.noise_source import NoiseSource
 
@@ -60,6 +61,8 @@ class DataConfig:
     vocab_delta: Optional[float] = None
     train_days: Optional[str] = None
     eval_days: Optional[str] = None
+    #: synthetic only: give the examples this many users (Zipf activity, a ``"user"`` column), else none.
+    num_users: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +157,9 @@ def _vocabulary(config: DataConfig, train_raw: np.ndarray, noise: NoiseSource, r
 
 
 def _synthetic_data(config: DataConfig) -> PctrData:
+    users = None if config.num_users is None else SyntheticUsers(num_users=config.num_users)
     syn = synthetic.SyntheticCriteoConfig(
-        num_examples=config.num_examples, vocab_scale=config.vocab_scale, seed=config.seed
+        num_examples=config.num_examples, vocab_scale=config.vocab_scale, seed=config.seed, users=users
     )
     log.info("generating %d synthetic examples (tables: %d rows)", config.num_examples, sum(syn.table_sizes))
     train = synthetic.generate(syn)
@@ -200,6 +204,9 @@ def load_data(config: DataConfig, noise: Optional[NoiseSource] = None, run_delta
     check_vocab_settings(config)
     if config.source == "synthetic":
         return _synthetic_data(config)
+    if config.num_users is not None:
+        raise ValueError(f"num_users={config.num_users} applies to data='synthetic' only; {config.source!r} "
+                         "holds no user ids")
     if prepared_rows.is_prepared_dir(config.source):
         return _prepared_data(config)
     if not os.path.isfile(config.source):
@@ -290,6 +297,25 @@ def evaluate_auc(model: tf.keras.Model, arrays, batch_size: int = 8192) -> Optio
 def selection_counts(cat: np.ndarray, vocab_sizes) -> list[np.ndarray]:
     """Per-feature id counts of the training data (each example adds 1 to one bucket per feature)."""
     return [np.bincount(cat[:, f], minlength=v).astype(np.int64) for f, v in enumerate(vocab_sizes)]
+
+
+def user_selection_counts(cat: np.ndarray, users: np.ndarray, vocab_sizes) -> list[np.ndarray]:
+    """Per-feature counts of distinct *users* per id: DP-FEST's private selection at the user level.
+
+    A user adds at most 1 to each bucket however many of their examples hold
+    it, so adding or removing one user changes every count by at most 1 (the
+    ℓ∞ sensitivity of the per-example counts, which the selection's ε assumes;
+    Zhang et al. 2023, "Sparsity-preserving differentially private training
+    of large embedding models", DP-FEST).
+
+    Example: ids ``[[3], [3], [4]]`` of users ``[7, 7, 8]`` in a table of 5 rows count ``[0, 0, 0, 1, 1]``.
+    """
+    users = np.asarray(users, np.int64)
+    counts = []
+    for f, v in enumerate(vocab_sizes):
+        pairs = np.unique(users * np.int64(v) + np.asarray(cat[:, f], np.int64))
+        counts.append(np.bincount(pairs % np.int64(v), minlength=v).astype(np.int64))
+    return counts
 
 
 def cap_k(privacy: PrivacyConfig, vocab_sizes) -> PrivacyConfig:

@@ -15,6 +15,8 @@ COLUMNS = (
     ("auc", "AUC"),
     ("bayes_optimal_auc", "optimum AUC"),
     ("private", "private"),
+    ("privacy_unit", "unit"),
+    ("max_examples_per_user", "k/user"),
     ("epsilon", "epsilon"),
     ("delta", "delta"),
     ("noise_multiplier", "sigma"),

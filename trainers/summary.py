@@ -76,13 +76,18 @@ def privacy_fields(result: TrainResult, outside_guarantee: Sequence[str] = ()) -
 
     ``private`` is true only when ``epsilon`` is a proven guarantee of this
     run (secret noise, a DP mechanism, Poisson sampling); ``outside_guarantee``
-    names every data-dependent choice that ε does not cover.
+    names every data-dependent choice that ε does not cover. ``privacy_unit``
+    is the unit ε protects (``"example"``, or ``"user"`` with
+    ``max_examples_per_user``, ``user_clipping`` and ``training_users``, the
+    N of ``q = B_users / N_users``).
     """
     fields = {
         "private": result.private,
-        "privacy_unit": "example",
+        **result.unit.describe(),
         **result.noise_source.describe(),
     }
+    if result.num_users is not None:
+        fields["training_users"] = result.num_users
     if result.not_private_reasons:
         fields["not_private_reasons"] = list(result.not_private_reasons)
     if result.delta_warning:

@@ -27,10 +27,13 @@ step); both keep the sum of clipped gradients within ``C`` of its neighbour.
 ``in_batch`` does not (one example is every other example's negative), so
 its JSON line has ``"epsilon": null`` and says why.
 
-Privacy unit: one *example*. A MovieLens user contributes many examples
-(every sampled position of their timeline), so the guarantee per user is
-weaker (group privacy); the JSON line says so (``privacy_unit``,
-``privacy_unit_note``).
+Privacy unit: one *example* by default. A MovieLens user contributes many
+examples (every sampled position of their timeline), so the guarantee per
+user is weaker (group privacy); the JSON line says so (``privacy_unit``,
+``privacy_unit_note``). ``--privacy_unit=user --max_examples_per_user=k``
+protects each ``userId`` with all their ratings: users are sampled by
+Poisson (``--batch_size`` users per step on average), at most ``k`` of their
+examples each, each user's summed gradient clipped (issue 20).
 
 Prints progress, then one JSON line (also written to ``--metrics_out``): the
 pCTR trainer's fields (``algorithm, epsilon, delta, noise_multiplier, steps,
@@ -70,8 +73,10 @@ from models import dual_encoder
 from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import movielens
+from tfdp_sparse.data.movielens_users import UserTimelineExamples
 from tfdp_sparse.mechanisms.plans.base import Plan
 from tfdp_sparse.layers.tpu import EmbeddingBackend
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers import loop as loop_lib
 from trainers import common_flags
 from trainers import summary
@@ -89,7 +94,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     """Defines the trainer's flags in ``flag_values`` (done by ``__main__``; importing defines none)."""
     fv = dict(flag_values=flag_values)
     common_flags.define_privacy_flags(flag_values)
-    flags.DEFINE_integer("batch_size", 64, "(expected) batch size B (64 in the EANA paper)", **fv)
+    common_flags.define_privacy_unit_flags(flag_values)
+    flags.DEFINE_integer("batch_size", 64, "(expected) batch size B (64 in the EANA paper; users per step with "
+                         "--privacy_unit=user)", **fv)
     flags.DEFINE_integer("steps", None, f"training steps (default {DEFAULT_STEPS}; or use --epochs)", **fv)
     flags.DEFINE_float("epochs", None, "training epochs over the sampled examples (steps = epochs * N / B)", **fv)
     common_flags.define_optimizer_flags(flag_values, learning_rate=20.0)
@@ -99,7 +106,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_float("max_bad_fraction", 0.001, "fail if more rating rows than this are malformed", **fv)
     flags.DEFINE_integer("num_users", 5000, "synthetic: users", **fv)
     flags.DEFINE_integer("num_movies", 2000, "synthetic: movies (MovieLens 20M has 27,278)", **fv)
-    flags.DEFINE_integer("num_examples", 50_000, "training examples sampled from the training users", **fv)
+    flags.DEFINE_integer("num_examples", 50_000, "training examples sampled from the training users (with "
+                         "--privacy_unit=user: every example of every training user, grouped by userId)", **fv)
     flags.DEFINE_integer("num_eval_examples", 10_000, "evaluation examples sampled from the held-out users", **fv)
     flags.DEFINE_integer("context_length", 20, "movies of context before the label", **fv)
     flags.DEFINE_float("test_fraction", 0.2, "fraction of users held out for evaluation", **fv)
@@ -160,6 +168,8 @@ class DualEncoderRun:
     metrics_out: Optional[str] = None
     #: ``--cluster``: '' (one machine), 'local_ps:W,P' or 'TF_CONFIG' (:mod:`trainers.lib.cluster`).
     cluster: str = ""
+    #: What ε protects: one example (default) or one MovieLens user (``userId``) with all their ratings.
+    unit: PrivacyUnitConfig = PrivacyUnitConfig()
 
 
 def movielens_outside_guarantee(config: DataConfig) -> list[str]:
@@ -175,11 +185,13 @@ def movielens_outside_guarantee(config: DataConfig) -> list[str]:
     return out
 
 
-def load_data(config: DataConfig):
+def load_data(config: DataConfig, unit: PrivacyUnitConfig = PrivacyUnitConfig()):
     """``(train_arrays, eval_arrays, num_rows, info)``; arrays are ``{"context": [N, L], "label": [N]}``.
 
     Contexts are padded with -1 (the padding of DPEmbedding); ids are dense
-    movie ids ``1..num_rows-1``.
+    movie ids ``1..num_rows-1``. At the user level the training arrays are
+    every next-movie example of every training user with its ``"user"``
+    (``userId``), for the user-level sampler (:func:`user_training_examples`).
     """
     for name in ("num_examples", "num_eval_examples", "context_length"):
         value = getattr(config, name)
@@ -210,12 +222,25 @@ def load_data(config: DataConfig):
         info = {"data": config.source, "num_users": len(timelines), "num_movies": data.vocabulary.num_movies,
                 "bad_rows": data.report.bad_rows, "outside_guarantee": movielens_outside_guarantee(config)}
     train_users, test_users = movielens.split_users(timelines, config.test_fraction, seed=config.seed)
-    train = movielens.sample_examples(timelines, train_users, config.num_examples, config.context_length,
-                                      seed=config.seed, pad_value=-1)
+    if unit.is_user_level:
+        train = user_training_examples(timelines, train_users, config.context_length)
+    else:
+        train = movielens.sample_examples(timelines, train_users, config.num_examples, config.context_length,
+                                          seed=config.seed, pad_value=-1)
     evaluation = movielens.sample_examples(timelines, test_users, config.num_eval_examples, config.context_length,
                                            seed=config.seed + 1, pad_value=-1)
     info.update(train_users=int(train_users.size), test_users=int(test_users.size))
     return train, evaluation, num_rows, info
+
+
+def user_training_examples(timelines, users, context_length: int) -> dict:
+    """Every next-movie example of ``users``, grouped by user, with the ``"user"`` column (``userId``).
+
+    Example: timelines ``{10: [5, 6, 7]}`` with ``L = 2`` give contexts ``[[-1, 5], [5, 6]]``, labels
+    ``[6, 7]``, users ``[10, 10]``.
+    """
+    examples = UserTimelineExamples.from_timelines(timelines, users, context_length, pad_value=-1)
+    return examples(np.arange(examples.num_examples))
 
 
 def example_features(arrays, idx):
@@ -276,6 +301,9 @@ def train_model(run: DualEncoderRun, train, num_rows: int):
     check_compatible(run.privacy, config)
     if int(np.max(train["label"])) >= num_rows or int(np.max(train["context"])) >= num_rows:
         raise ValueError(f"training ids exceed the {num_rows - 1} movies of the vocabulary")
+    if run.cluster and run.unit.is_user_level:
+        raise ValueError(f"privacy_unit=user is not supported with --cluster={run.cluster}: parameter servers "
+                         "sample and clip examples, not users; train on one machine")
     if run.cluster:  # parameter servers: trained there, evaluated here (trainers.lib.cluster)
         arrays = {"context": np.asarray(train["context"], np.int64), "label": np.asarray(train["label"], np.int64)}
         result, model = cluster_lib.train_on_cluster(
@@ -286,7 +314,7 @@ def train_model(run: DualEncoderRun, train, num_rows: int):
     model = dual_encoder.build_dual_encoder(config, seed=run.loop.seed)
     result = loop_lib.train_privately(model, model.per_example_loss, train, run.privacy, run.loop,
                                       features=example_features, sensitivity_caveat=sensitivity_caveat(config),
-                                      tpu_split=dual_encoder.DualEncoderSplit)
+                                      tpu_split=dual_encoder.DualEncoderSplit, unit=run.unit)
     return model, result
 
 
@@ -296,7 +324,7 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
     check_compatible(run.privacy, run.model)
     loop_lib.make_dense_optimizer(run.loop.dense_optimizer, run.loop.dense_learning_rate)
     loop_lib.table_rule_of(run.loop)
-    train, evaluation, num_rows, info = load_data(run.data)
+    train, evaluation, num_rows, info = load_data(run.data, run.unit)
     model, result = train_model(run, train, num_rows)
     quality = dual_encoder.evaluate_retrieval(model, evaluation)
     tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, quality)
@@ -309,7 +337,8 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
     if run.model.negatives == "sampled":
         extra.update(num_negatives=run.model.num_negatives,
                      negative_distribution=run.model.negative_distribution.value)
-    extra.update(privacy_unit="example", privacy_unit_note=PRIVACY_UNIT_NOTE)
+    if not run.unit.is_user_level:
+        extra.update(privacy_unit_note=PRIVACY_UNIT_NOTE)
     if run.cluster:
         extra.update(cluster_lib.cluster_fields(run.cluster, result))
     metrics = summary.metrics_line(result, auc=None, dense_embedding_values=dense_embedding_values(model),
@@ -366,7 +395,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
         negative_distribution=fv.negative_distribution,
     ).validate()
     return DualEncoderRun(privacy=privacy, loop=loop, data=data, model=model, metrics_out=fv.metrics_out,
-                          cluster=fv.cluster)
+                          cluster=fv.cluster, unit=common_flags.privacy_unit_from_flags(fv))
 
 
 def main(argv):

@@ -63,6 +63,7 @@ from tfdp_sparse.data import prepared_rows
 from tfdp_sparse.data.vocabulary import VocabularyKind
 from tfdp_sparse.layers.tpu import EmbeddingBackend, split_functional_model
 from tfdp_sparse.noise_source import NoiseSource
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers import pctr_data
 from trainers.pctr_data import DataConfig, PctrData
 from trainers import loop as loop_lib
@@ -79,7 +80,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     """Defines the trainer's flags in ``flag_values`` (the global ``FLAGS`` by default)."""
     fv = dict(flag_values=flag_values)
     common_flags.define_privacy_flags(flag_values)
-    flags.DEFINE_integer("batch_size", 1024, "(expected) batch size B", **fv)
+    common_flags.define_privacy_unit_flags(flag_values)
+    flags.DEFINE_integer("batch_size", 1024, "(expected) batch size B (users per step with --privacy_unit=user)",
+                         **fv)
     flags.DEFINE_integer("steps", None, "training steps (or use --epochs)", **fv)
     flags.DEFINE_float("epochs", None, "training epochs (steps = ceil(epochs * N / B), N known once the data is read)", **fv)
     common_flags.define_optimizer_flags(flag_values, learning_rate=5.0)
@@ -98,6 +101,8 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_float("max_malformed_fraction", 0.01, "fail if more Criteo lines than this are malformed", **fv)
     flags.DEFINE_integer("num_examples", 200_000, "synthetic training examples", **fv)
     flags.DEFINE_integer("num_eval_examples", 50_000, "synthetic evaluation examples", **fv)
+    flags.DEFINE_integer("num_users", None, "synthetic: give the examples this many users (Zipf activity, per-user "
+                         "preferences; a 'user' column, needed by --privacy_unit=user)", **fv)
     flags.DEFINE_float("vocab_scale", 1.0, "synthetic: multiply the Kaggle vocabulary sizes (<= 1e7 rows per table)",
                        **fv)
     flags.DEFINE_enum_class(
@@ -155,6 +160,8 @@ class PctrRun:
     streaming_periods: Optional[int] = None
     #: ``--cluster``: '' (one machine), 'local_ps:W,P' or 'TF_CONFIG' (:mod:`tfdp_sparse.distribute`).
     cluster: str = ""
+    #: What ε protects: one example (default) or one user (``data.num_users`` gives synthetic data users).
+    unit: PrivacyUnitConfig = PrivacyUnitConfig()
 
 
 def dense_dpsgd_step_ms(vocab_sizes, hidden, batch_size: int, seed: int, steps: int = 3) -> float:
@@ -198,6 +205,11 @@ def _check_run(run: PctrRun) -> None:
     pctr.PctrConfig(vocab_sizes=(2,), hidden=tuple(run.hidden)).validate()
     if run.streaming_periods is not None:
         _check_streaming(run)
+    if run.unit.is_user_level and (run.cluster or run.streaming_periods is not None):
+        raise ValueError(f"privacy_unit=user is not supported with "
+                         f"{'--cluster=' + run.cluster if run.cluster else '--streaming_periods'}: parameter "
+                         "servers and prepared days clip and sample examples, not users; train on one machine "
+                         "on data with user ids")
     loop_lib.make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate)
     loop_lib.table_rule_of(loop)
 
@@ -228,6 +240,13 @@ def _train_periods(run: PctrRun, data: PctrData, model: tf.keras.Model, privacy:
     return streamed.result, streamed.auc[-1], fields
 
 
+def _selection_counts(train: dict, vocab_sizes, unit: PrivacyUnitConfig):
+    """``() -> counts per table`` for DP-FEST's private selection: examples per id, or users per id (user level)."""
+    if unit.is_user_level and "user" in train:
+        return lambda: pctr_data.user_selection_counts(train["cat"], train["user"], vocab_sizes)
+    return lambda: pctr_data.selection_counts(train["cat"], vocab_sizes)
+
+
 def train_and_evaluate(run: PctrRun) -> dict:
     """Trains, evaluates, exports; returns the metrics dict (also printed as JSON).
 
@@ -242,9 +261,10 @@ def train_and_evaluate(run: PctrRun) -> dict:
         pctr_data.check_features(evaluation, vocab_sizes, "evaluation data")
     loop = run.loop
     if run.epochs is not None and run.streaming_periods is None:
-        n = len(train["label"])
+        n = len(np.unique(train["user"])) if run.unit.is_user_level and "user" in train else len(train["label"])
         loop = dataclasses.replace(loop, steps=periods.steps_for_epochs(run.epochs, n, loop.batch_size))
-        log.info("epochs=%g over N=%d examples at B=%d: %d steps", run.epochs, n, loop.batch_size, loop.steps)
+        log.info("epochs=%g over N=%d %ss at B=%d: %d steps", run.epochs, n, run.unit.unit.value, loop.batch_size,
+                 loop.steps)
     privacy = pctr_data.cap_k(run.privacy, vocab_sizes)
     if run.cluster:
         return _train_on_cluster(run, data, vocab_sizes, privacy, loop)
@@ -255,8 +275,8 @@ def train_and_evaluate(run: PctrRun) -> dict:
     else:
         result = loop_lib.train_privately(
             model, pctr.per_example_loss, train, privacy, loop, features=data.features,
-            selection_counts=data.counts or (lambda: pctr_data.selection_counts(train["cat"], vocab_sizes)),
-            pre_training=data.pre_training, tpu_split=tpu_split,
+            selection_counts=data.counts or _selection_counts(train, vocab_sizes, run.unit),
+            pre_training=data.pre_training, tpu_split=tpu_split, unit=run.unit,
         )
         auc = pctr_data.evaluate_auc(model, evaluation)
         tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, {"auc": auc})
@@ -324,6 +344,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         vocab_delta=fv.vocab_delta,
         train_days=fv.train_days,
         eval_days=fv.eval_days,
+        num_users=fv.num_users,
     )
     steps = fv.steps
     if steps is None:
@@ -365,6 +386,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         epochs=fv.epochs,
         streaming_periods=fv.streaming_periods,
         cluster=fv.cluster,
+        unit=common_flags.privacy_unit_from_flags(fv),
     )
 
 

@@ -281,7 +281,8 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
         # map uses them; unused, their ops are pruned from the traced step).
         noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups,
-                                          predraw_dense=self.predraw_dense_noise)
+                                          predraw_dense=self.predraw_dense_noise,
+                                          users=None if users is None else users.segments)
         if self.expected_batch_size is not None:
             denominator = tf.constant(float(self.expected_batch_size))
         else:

@@ -37,6 +37,14 @@ exactly one Gaussian of multiplier ``sigma = (sigma1^-2 + sigma2^-2)^-1/2``
 (Dong, Roth & Su 2019, Cor. 3.3), so one step is
 ``PoissonSampled(q, Gaussian(sigma))`` — valid for PLD and RDP alike.
 
+User level (issue 20). With the batch's user segments
+(``privatize(..., users=)``, :attr:`StepGrads.users`) the unit of the map is
+the *user*: ``v_u`` has a 1 at every bucket any of the user's examples looked
+up, clipped in L2 to ``C1`` (``n_u`` distinct buckets over all tables, weight
+``min(1, C1/sqrt(n_u))``), so adding or removing one user with all their
+examples moves the map by at most ``C1``; the gradient half is bounded by
+per-user clipping. The accounting is unchanged, with ``q`` over users.
+
 Knobs (``PrivacyConfig.extra``):
 
 * ``tau`` (required) — threshold ``tau >= 0`` on the noisy map;
@@ -63,7 +71,9 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
+from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_rows_at
+from tfdp_sparse.mechanisms.dpfest import UsesSelection
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.plans.adafest import (  # noqa: F401 (settings re-exported for callers)
     KNOBS,
@@ -113,19 +123,41 @@ def distinct_lookups(ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.boolean_mask(example, first), tf.boolean_mask(ordered, first)
 
 
+def distinct_user_lookups(example: tf.Tensor, bucket: tf.Tensor,
+                          users: UserSegments) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(user, bucket)`` of the distinct buckets each *user* looks up, from per-example ``(example, bucket)``.
+
+    A user's examples that look up the same bucket count once: the user's
+    contribution vector ``v_u`` has a 1 at each bucket any of their examples
+    looked up (Zhang et al. 2023, DP-AdaFEST, Alg. 1, with the user as the
+    unit). The pair key ``bucket * U + user`` stays in int64 for ``c * U < 2^63``.
+
+    Example: examples ``[0, 0, 1]`` at buckets ``[4, 9, 4]`` of one user give ``([0, 0], [4, 9])``.
+    """
+    owner = tf.gather(tf.cast(users.ids, tf.int64), example)
+    count = tf.maximum(tf.cast(users.count, tf.int64), 1)
+    keys, _ = tf.unique(bucket * count + owner)
+    return keys % count, keys // count
+
+
 def contribution_weights(
-    lookups: Sequence[Optional[tf.Tensor]], C1: float
+    lookups: Sequence[Optional[tf.Tensor]], C1: float, users: Optional[UserSegments] = None
 ) -> tuple[tf.Tensor, list[Optional[tuple[tf.Tensor, tf.Tensor]]]]:
-    """Per-example weight ``min(1, C1/sqrt(n_i))`` and the distinct lookups per table.
+    """Per-unit weight ``min(1, C1/sqrt(n_i))`` and the distinct lookups per table.
 
     ``n_i`` counts the distinct buckets example ``i`` looks up over *all*
     tables (a bucket is a (table, row) pair), so ``||clip(v_i, C1)|| <= C1``.
-    Returns ``(weights [B], [(example, bucket) or None per table])``.
+    With ``users`` (user-level DP) the unit is the user: ``n_u`` counts the
+    distinct buckets of all the user's examples, so one user moves the map
+    by at most ``C1`` however many examples they have.
+    Returns ``(weights [B] or [U], [(example or user, bucket) or None per table])``.
+
+    Example: one example looking up 4 distinct buckets with ``C1 = 1`` has weight ``1/2``.
     """
     present = [ids for ids in lookups if ids is not None]
     if not present:
         return tf.zeros([0], tf.float32), [None] * len(lookups)
-    batch = tf.shape(present[0], out_type=tf.int64)[0]
+    batch = tf.shape(present[0], out_type=tf.int64)[0] if users is None else tf.cast(users.count, tf.int64)
     n = tf.zeros([batch], tf.float32)
     pairs: list[Optional[tuple[tf.Tensor, tf.Tensor]]] = []
     for ids in lookups:
@@ -133,6 +165,8 @@ def contribution_weights(
             pairs.append(None)
             continue
         example, bucket = distinct_lookups(ids)
+        if users is not None:
+            example, bucket = distinct_user_lookups(example, bucket, users)
         n += tf.math.unsorted_segment_sum(tf.ones_like(example, tf.float32), example, batch)
         pairs.append((example, bucket))
     weights = tf.minimum(1.0, C1 / tf.sqrt(tf.maximum(n, 1.0)))
@@ -183,6 +217,7 @@ def contribution_filter(
     sigma1: float,
     C1: float,
     rng: tf.random.Generator,
+    users: Optional[UserSegments] = None,
 ) -> list[TableFilter]:
     """DP-AdaFEST's private filter for all tables of one step (Alg. 1 lines 5-8).
 
@@ -194,6 +229,8 @@ def contribution_filter(
       tau: threshold, one for all tables or one per table.
       sigma1, C1: map noise multiplier, map clip norm.
       rng: the generator all noise comes from.
+      users: ``None`` (each example bounded by ``C1``) or, at the user level,
+        the batch's user segments (each user bounded by ``C1``).
 
     Returns:
       One :class:`TableFilter` per table.
@@ -211,7 +248,7 @@ def contribution_filter(
     if len(lookups) != len(num_buckets) or len(taus) != len(num_buckets):
         raise ValueError(f"lookups for {len(lookups)} tables, num_buckets for {len(num_buckets)}, "
                          f"thresholds for {len(taus)}")
-    weights, pairs = contribution_weights(lookups, C1)
+    weights, pairs = contribution_weights(lookups, C1, users)
     out = []
     for pair, size, table_tau in zip(pairs, num_buckets, taus):
         if pair is None:
@@ -303,10 +340,10 @@ class AdaFEST(Mechanism):
         return self.plan.effective_noise_multiplier
 
     def filter(self, lookups: Sequence[Optional[tf.Tensor]], num_buckets: Sequence[int],
-               names: Optional[Sequence[str]] = None) -> list[TableFilter]:
+               names: Optional[Sequence[str]] = None, users: Optional[UserSegments] = None) -> list[TableFilter]:
         """:func:`contribution_filter` with this mechanism's settings and generator (``names``: for errors)."""
         return contribution_filter(lookups, num_buckets, tau=self.plan.thresholds(num_buckets, names),
-                                   sigma1=self.sigma1, C1=self.C1, rng=self.rng)
+                                   sigma1=self.sigma1, C1=self.C1, rng=self.rng, users=users)
 
     def bind_model(self, model) -> None:
         """Checks the thresholds of ``model``'s tables before training.
@@ -325,15 +362,34 @@ class AdaFEST(Mechanism):
         self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable], is_table: Sequence[bool]
     ) -> dict[int, TableFilter]:
         """Variable index -> the rows kept (true and false positives) for each table."""
+        return self._filters_by_table(lookups, variables, is_table, None)
+
+    def _user_table_filters(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],
+                            is_table: Sequence[bool], users: UserSegments) -> dict[int, TableFilter]:
+        """:meth:`_table_filters` with each *user's* contribution vector clipped to ``C1`` (user-level DP).
+
+        DP-AdaFEST+ filters inside preselected rows with its own per-example
+        map; it refuses the user level rather than bound the wrong unit.
+        """
+        if isinstance(self, UsesSelection):
+            raise ValueError(f"{self._label} does not support the user level yet: its filter inside the "
+                             "preselected rows bounds each example, not each user; use DP-AdaFEST or DP-SGD")
+        return self._filters_by_table(lookups, variables, is_table, users)
+
+    def _filters_by_table(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],
+                          is_table: Sequence[bool], users: Optional[UserSegments]) -> dict[int, TableFilter]:
         tables = [i for i, t in enumerate(is_table) if t]
         filters = self.filter([lookups[i] for i in tables], [int(variables[i].shape[0]) for i in tables],
-                              [variables[i].name for i in tables])
+                              [variables[i].name for i in tables], users)
         return dict(zip(tables, filters))
 
     def apply(self, step: StepGrads) -> NoisedGradients:
         grads, variables = step.grads, step.variables
         lookups = check_lookups(grads, variables, step.is_table, step.lookups, self._label)
-        by_index = self._table_filters(lookups, variables, step.is_table)
+        if step.users is None:
+            by_index = self._table_filters(lookups, variables, step.is_table)
+        else:
+            by_index = self._user_table_filters(lookups, variables, step.is_table, step.users)
         stddev = self.sigma2 * self.l2_norm_clip
         out: list[Gradient] = []
         count = tf.constant(0, tf.int64)

@@ -53,6 +53,7 @@ from typing import Optional, Sequence, Union
 import dp_accounting
 import tensorflow as tf
 
+from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.accounting.validation import validate_l2_norm_clip, validate_noise_multiplier  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dense_noise import DenseNoiseBlocks
 from tfdp_sparse.mechanisms.plans.base import Plan
@@ -86,6 +87,11 @@ class StepGrads:
       is_table: which variables are embedding tables.
       lookups: ``None``, or per variable the int64 ids ``[B, L]`` the batch
         looked up (``-1`` = padding; ``None`` for non-tables).
+      users: ``None`` at the example level; at the user level the batch's
+        :class:`~tfdp_sparse.clipping.user_norms.UserSegments` (the user of
+        each example), for rules whose data-dependent choices must bound a
+        user's contribution too (DP-AdaFEST's contribution map). Rules that
+        only noise the clipped sums ignore it.
 
     Example::
 
@@ -97,9 +103,10 @@ class StepGrads:
     variables: tuple
     is_table: tuple
     lookups: Optional[tuple] = None
+    users: Optional[UserSegments] = None
 
     @classmethod
-    def of(cls, grads, variables, is_table, lookups=None) -> "StepGrads":
+    def of(cls, grads, variables, is_table, lookups=None, users: Optional[UserSegments] = None) -> "StepGrads":
         """Checks that the lists align and freezes them."""
         n = len(variables)
         if len(grads) != n or len(is_table) != n or (lookups is not None and len(lookups) != n):
@@ -107,8 +114,10 @@ class StepGrads:
                 f"grads ({len(grads)}), variables ({n}), is_table ({len(is_table)}) and lookups "
                 f"({None if lookups is None else len(lookups)}) must be aligned"
             )
+        if users is not None and not isinstance(users, UserSegments):
+            raise TypeError(f"users must be a UserSegments, got {type(users).__name__}")
         return cls(tuple(grads), tuple(variables), tuple(bool(t) for t in is_table),
-                   None if lookups is None else tuple(lookups))
+                   None if lookups is None else tuple(lookups), users)
 
     def entries(self):
         """``(grad, variable, is_table)`` per variable."""
@@ -206,6 +215,7 @@ class Mechanism(tf.Module, abc.ABC):
         is_table: Sequence[bool],
         lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
         predraw_dense: bool = False,
+        users: Optional[UserSegments] = None,
     ) -> NoisedGradients:
         """Noised summed gradients for one step: :meth:`apply` on the aligned lists.
 
@@ -213,7 +223,8 @@ class Mechanism(tf.Module, abc.ABC):
         int64 ids ``[B, L]`` the batch looked up (``-1`` = padding), ``None``
         otherwise — :attr:`ClippedGradients.lookups
         <tfdp_sparse.clipping.clip.ClippedGradients>`. Rules whose plan does
-        not require lookups ignore them.
+        not require lookups ignore them. ``users`` (user level): the batch's
+        user segments (:attr:`StepGrads.users`).
 
         ``predraw_dense`` (a performance setting): draw every dense
         variable's noise before the rule runs, so that inside a
@@ -229,7 +240,7 @@ class Mechanism(tf.Module, abc.ABC):
 
             out = mech.privatize(grads, variables, is_table, predraw_dense=True)
         """
-        step = StepGrads.of(grads, variables, is_table, lookups)
+        step = StepGrads.of(grads, variables, is_table, lookups, users)
         if not (predraw_dense and self._plan.requires().clips) or tf.distribute.has_strategy():
             return self.apply(step)
         self._dense_blocks = DenseNoiseBlocks.draw(self.rng, step.variables, step.is_table)

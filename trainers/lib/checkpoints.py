@@ -30,6 +30,7 @@ import tensorflow as tf
 from tfdp_sparse import accounting
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -37,11 +38,22 @@ log = logging.getLogger("tfdp_sparse.train")
 RUN_FORMAT = "tfdp_sparse.run_privacy/1"
 
 
-def run_identity(privacy: PrivacyConfig, calibrating: bool) -> dict:
-    """The privacy settings a resumed run must repeat (σ is free when calibrated)."""
+def run_identity(privacy: PrivacyConfig, calibrating: bool, unit: PrivacyUnitConfig = PrivacyUnitConfig()) -> dict:
+    """The privacy settings a resumed run must repeat (σ is free when calibrated), with the privacy unit.
+
+    A user-level run adds its unit, ``k`` and clipping method
+    (``PrivacyUnitConfig.describe()``); an example-level run adds nothing, so
+    checkpoints written before the unit existed (all example level) still
+    resume, and resuming either with the other unit is refused: one ledger
+    never mixes the guarantees of two units.
+
+    Example: ``run_identity(privacy, False, PrivacyUnitConfig.user(5))["privacy_unit"]`` is ``"user"``.
+    """
     out = json.loads(json.dumps(dataclasses.asdict(privacy)))
     if calibrating:
         out["noise_multiplier"] = None
+    if unit.is_user_level:
+        out.update(unit.describe())
     return out
 
 

@@ -121,8 +121,12 @@ def table_rule_of(loop: LoopConfig) -> Optional[TableRule]:
 
 
 def default_features(arrays: Mapping[str, np.ndarray]) -> Features:
-    """``(arrays, idx) -> ({every array but label/prob}[idx], label[idx])``."""
-    keys = [k for k in arrays if k not in ("label", "prob")]
+    """``(arrays, idx) -> ({every array but label/prob/user}[idx], label[idx])``.
+
+    ``"user"`` (each example's user id) is what user-level sampling groups
+    by, never a model input, at either privacy unit.
+    """
+    keys = [k for k in arrays if k not in ("label", "prob", "user")]
 
     def features(a, idx):
         return {k: a[k][idx] for k in keys}, a["label"][idx]

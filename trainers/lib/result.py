@@ -13,6 +13,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.noise_source import NoiseSource
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -44,6 +45,10 @@ class TrainResult:
     pre_training: tuple = ()
     delta_warning: Optional[str] = None
     sampling_probability: float = 0.0
+    #: The privacy unit ε protects (the user level: ``q`` over users, each user's sum clipped).
+    unit: PrivacyUnitConfig = PrivacyUnitConfig()
+    #: N_users of a user-level run (the denominator of ``sampling_probability``), else ``None``.
+    num_users: Optional[int] = None
 
 
 #: Why fixed-size shuffled batches void the guarantee (a mark in the ledger, like reproducible noise).
@@ -65,7 +70,8 @@ def mark_void(ledger: accounting.PrivacyLedger, noise: NoiseSource, privacy: Pri
 
 
 def finish(ledger: accounting.PrivacyLedger, stats, resolved, optimizer: DPOptimizer, loop, start: int,
-           stop_reason: str, noise: NoiseSource, pre_training: tuple) -> TrainResult:
+           stop_reason: str, noise: NoiseSource, pre_training: tuple, unit: PrivacyUnitConfig = PrivacyUnitConfig(),
+           num_users: Optional[int] = None) -> TrainResult:
     """The :class:`TrainResult` of a run whose steps are done (ε from the ledger, or why there is none)."""
     privacy = resolved.privacy
     epsilon, note = None, None
@@ -98,4 +104,6 @@ def finish(ledger: accounting.PrivacyLedger, stats, resolved, optimizer: DPOptim
         pre_training=tuple(pre_training),
         delta_warning=resolved.delta_warning,
         sampling_probability=resolved.q,
+        unit=unit,
+        num_users=num_users,
     )

@@ -23,9 +23,9 @@ import tensorflow as tf
 from tfdp_sparse import accounting
 from tfdp_sparse.accounting.step_accounting import StepAccounting  # noqa: F401 (re-exported)
 from tfdp_sparse.data import sampling
-from tfdp_sparse.data.sampling import BatchSampler
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers import tensorboard
 from trainers.lib.checkpoints import RunCheckpoint
 from trainers.lib.config import LoopConfig
@@ -33,29 +33,40 @@ from trainers.lib.config import LoopConfig
 log = logging.getLogger("tfdp_sparse.train")
 
 
-def sampled_batches(sampler: BatchSampler, gather: Callable, start: int, stop: int) -> tuple[list, Iterator[tuple]]:
-    """``(input signature, iterator of (step, batch size, x, y))`` for steps ``start .. stop-1``.
+def sampled_batches(sampler: sampling.IndexSampler, gather: Callable, start: int,
+                    stop: int) -> tuple[list, Iterator[tuple]]:
+    """``(input signature, iterator of (step, batch size, inputs))`` for steps ``start .. stop-1``.
 
+    ``inputs`` is what the step takes: ``(x, y)``, or ``(x, y, user_ids)`` at
+    the user level (``gather`` returns them: :func:`trainers.lib.user_level.with_user_ids`).
     The index draw (secret, from the run's noise source) and the gather (in
     memory or from memory-mapped days) run in the input pipeline, prefetched
     while the previous step trains (:func:`tfdp_sparse.data.sampling.sampled_batch_dataset`).
     The signature is the pipeline's element spec: a free batch dimension, so
     Poisson batches of every size share one trace.
+
+    Example: ``signature, batches = sampled_batches(sampler, gather, 0, 10)``; ``next(batches)`` is
+    ``(0, 251, (x, y))``.
     """
     dataset = sampling.sampled_batch_dataset(sampler, gather, stop - start, first_step=start, with_indices=True)
-    _, (x_spec, y_spec) = dataset.element_spec
+    _, input_specs = dataset.element_spec
 
     def steps() -> Iterator[tuple]:
-        for step, (idx, (x, y)) in zip(range(start, stop), dataset):
-            yield step, int(idx.shape[0]), x, y
+        for step, (idx, inputs) in zip(range(start, stop), dataset):
+            yield step, int(idx.shape[0]), tuple(inputs)
 
-    return [x_spec, y_spec], steps()
+    return list(input_specs), steps()
 
 
-def make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_split: Optional[Callable]):
-    """``PrivateStep`` for the Keras backend, else the TPU program (:mod:`tfdp_sparse.layers.tpu`)."""
+def make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_split: Optional[Callable],
+              unit: PrivacyUnitConfig = PrivacyUnitConfig()):
+    """``PrivateStep`` for the Keras backend (at ``unit``), else the TPU program (:mod:`tfdp_sparse.layers.tpu`).
+
+    The TPU program clips examples: the user level is refused before this
+    (:func:`trainers.lib.user_level.check_user_level`).
+    """
     if loop.performance.embedding_backend is EmbeddingBackend.KERAS:
-        return PrivateStep(model, loss_fn, optimizer, jit_compile=loop.performance.jit_compile)
+        return PrivateStep(model, loss_fn, optimizer, jit_compile=loop.performance.jit_compile, unit=unit)
     if tpu_split is None:
         raise ValueError(f"embedding_backend={loop.performance.embedding_backend.value} needs the trainer's tpu_split "
                          "(how to cut the model at its lookups); this trainer gives none")
@@ -81,7 +92,9 @@ def compile_step(step_fn, signature: list, batches: Iterator[tuple], loop: LoopC
         return tf.function(step_fn.__call__, input_signature=signature, autograph=False), batches
     from tfdp_sparse.layers.tpu.train_step import loop_driver
 
-    return loop_driver(step_fn, signature, batches)
+    flat = ((step, size, x, y) for step, size, (x, y) in batches)  # the driver's items: (step, size, x, y)
+    call, driven = loop_driver(step_fn, signature, flat)
+    return call, ((step, size, (x, y)) for step, size, x, y in driven)
 
 
 @dataclasses.dataclass
@@ -128,9 +141,9 @@ def run_steps(compiled: Callable, batches: Iterator[tuple], start: int, planned:
     """Runs steps ``start .. planned-1``; charges each one that returned, logs, checkpoints."""
     stats = StepStats()
     t_start = time.perf_counter()
-    for step, batch_size, x, y in batches:
+    for step, batch_size, inputs in batches:
         t0 = time.perf_counter()
-        metrics = compiled(x, y)
+        metrics = compiled(*inputs)
         loss = float(metrics["loss"])  # synchronises the step
         dt = time.perf_counter() - t0
         charge.charge(ledger)

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping.clip import ClippedGradients, clip_gradients
 from tfdp_sparse.clipping.registry import attach_taps
+from tfdp_sparse.keras_stack import tf_variables
 
 
 @contextlib.contextmanager
@@ -57,11 +58,11 @@ def brute_force(model, x, y, loss_fn, clip_norm):
 
 
 def ghost(model, x, y, loss_fn, clip_norm) -> ClippedGradients:
-    """The toolkit's clipping of the whole batch (attaches the default registry)."""
+    """The toolkit's clipping of the whole batch (attaches the default registry; either Keras stack)."""
     recorder = attach_taps(model)
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
-    return clip_gradients(loss, tape, model.trainable_variables, recorder.take(), clip_norm)
+    return clip_gradients(loss, tape, tf_variables(model.trainable_variables), recorder.take(), clip_norm)
 
 
 def max_relative_error(result: ClippedGradients, expected, norms, variables) -> float:

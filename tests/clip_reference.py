@@ -21,12 +21,18 @@ from tfdp_sparse.keras_stack import tf_variables
 
 @contextlib.contextmanager
 def float64():
-    """Keras layers built meanwhile compute in float64 (rounding far below the 1e-6 tolerance)."""
-    before = tf.keras.backend.floatx()
+    """Keras layers built meanwhile compute in float64 (rounding far below the 1e-6 tolerance).
+
+    Sets the global dtype policy as well as floatx: once a policy is set (a test that sets
+    ``mixed_float16`` and back, or on Keras 3 any layer or loss made before), layers follow it, not floatx.
+    """
+    before, policy = tf.keras.backend.floatx(), tf.keras.mixed_precision.global_policy()
     tf.keras.backend.set_floatx("float64")
+    tf.keras.mixed_precision.set_global_policy("float64")
     try:
         yield
     finally:
+        tf.keras.mixed_precision.set_global_policy(policy)
         tf.keras.backend.set_floatx(before)
 
 

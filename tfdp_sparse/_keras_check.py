@@ -36,8 +36,10 @@ KERAS_3_MESSAGE = (
     "keras.layers (Embedding, Dense, EinsumDense, LayerNormalization, ...); DPEmbedding is tf-keras only for now."
 )
 
-NO_KERAS_MESSAGE = "tfdp_sparse.keras needs Keras: tf.keras is not importable here ({err}). Fix: `pip install tf-keras` " \
-    "and `export TF_USE_LEGACY_KERAS=1` (tf-keras), or `pip install keras` (Keras 3) with TF_USE_LEGACY_KERAS unset"
+NO_KERAS_MESSAGE = (
+    "tfdp_sparse.keras needs Keras: tf.keras is not importable here ({err}). Fix: `pip install tf-keras` and "
+    "`export TF_USE_LEGACY_KERAS=1` (tf-keras), or `pip install keras` (Keras 3) with TF_USE_LEGACY_KERAS=0"
+)
 
 
 def is_keras_2(package: str) -> bool:

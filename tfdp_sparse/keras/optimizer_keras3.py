@@ -33,7 +33,8 @@ import tensorflow as tf
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.clipping.taps import TapRecorder
 from tfdp_sparse.keras.attachment import ModelTaps
-from tfdp_sparse.keras.optimizer import BYPASS_MESSAGE, REFUSED_KWARGS, UnprivatizedUpdateError, check_expected_batch_size
+from tfdp_sparse.keras.optimizer import (BYPASS_MESSAGE, REFUSED_KWARGS, UnprivatizedUpdateError,
+                                         check_expected_batch_size)
 from tfdp_sparse.keras.private_update import private_update
 from tfdp_sparse.keras_stack import as_tf_variable
 from tfdp_sparse.mechanisms.base import Mechanism

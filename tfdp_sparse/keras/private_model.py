@@ -373,7 +373,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
 
 
 def _model_class() -> type:
-    """:class:`PrivateModel` on tf-keras, its Keras 3 hooks (:mod:`~tfdp_sparse.keras.private_model_keras3`) on Keras 3."""
+    """:class:`PrivateModel` on tf-keras; on Keras 3 its hooks (:mod:`~tfdp_sparse.keras.private_model_keras3`)."""
     if not is_keras_3():
         return PrivateModel
     from tfdp_sparse.keras.private_model_keras3 import Keras3PrivateModel  # it subclasses PrivateModel

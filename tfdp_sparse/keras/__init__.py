@@ -1,8 +1,8 @@
 """Keras face of the toolkit: ``make_private``, the DP optimizer and the custom-loop step.
 
 Both stacks (see ``_keras_check`` and ``tfdp_sparse.keras_stack``): on tf-keras
-everything below; on Keras 3 ``make_private`` (and ``PrivateStep`` with a
-``Keras3DPOptimizer``) train with the Keras 3 adapter.
+everything below; on Keras 3 ``make_private`` trains with the Keras 3 adapter
+(``PrivateStep`` and ``DPOptimizer`` are tf-keras only for now).
 """
 
 from tfdp_sparse._keras_check import require_keras

@@ -46,7 +46,7 @@ class ModelTaps:
         if model is None:
             raise ValueError(
                 "the DP optimizer has no model to take per-example taps from: call optimizer.attach(model) "
-                "after building the model and before fit (make_private does it for you)"
+                "after building the model and before fit (make_private and PrivateStep do it for you)"
             )
         late = unattached_layers(model)
         if late:

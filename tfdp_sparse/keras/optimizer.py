@@ -36,14 +36,13 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import weakref
 from typing import Iterator, Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping.registry import LayerRegistry, attach_taps, unattached_layers
+from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.clipping.taps import TapRecorder
+from tfdp_sparse.keras.attachment import ModelTaps
 from tfdp_sparse.keras.private_update import private_update
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.optimizers import TableOptimizer, TableRule
@@ -69,14 +68,6 @@ BYPASS_MESSAGE = (
     "compute_loss, mixed precision included), or PrivateStep in a custom loop; a custom train_step must call "
     "optimizer.minimize(per_example_loss, variables, tape)."
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Attachment:
-    """The model a :class:`DPOptimizer` trains and the recorder its layers write taps to."""
-
-    recorder: TapRecorder
-    model: "weakref.ref[tf.keras.Model]"
 
 
 def check_expected_batch_size(expected_batch_size: Optional[int], mechanism: Mechanism) -> None:
@@ -157,7 +148,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         mechanism.check_optimizer(self)
         self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
         self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
-        self._attachment: Optional[_Attachment] = None
+        self._taps = ModelTaps()
         self._privatized_depth = 0
 
     def attach(self, model: tf.keras.Model, registry: Optional[LayerRegistry] = None) -> TapRecorder:
@@ -167,31 +158,17 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         (``fit`` or :class:`~tfdp_sparse.keras.step.PrivateStep`); also
         creates optimizer state (:meth:`prebuild`). Returns the recorder.
         """
-        recorder = attach_taps(model, registry)
-        self._attachment = _Attachment(recorder, weakref.ref(model))
+        recorder = self._taps.attach(model, registry)
         self.prebuild(model)
         return recorder
 
     def is_attached_to(self, model: tf.keras.Model) -> bool:
         """True when :meth:`attach` was called with ``model`` (and it is alive)."""
-        return self._attachment is not None and self._attachment.model() is model
+        return self._taps.is_attached_to(model)
 
     def recorder(self) -> TapRecorder:
         """The recorder the attached model's layers write taps to (clear it before a forward pass)."""
-        attachment = self._attachment
-        model = attachment.model() if attachment is not None else None
-        if model is None:
-            raise ValueError(
-                "DPOptimizer has no model to take per-example taps from: call optimizer.attach(model) "
-                "after building the model and before fit (PrivateStep does it for you)"
-            )
-        late = unattached_layers(model)
-        if late:
-            raise ValueError(
-                f"layers {late} were created after DPOptimizer.attach(model), so they have no clipping "
-                "rule: build the model (call it on a batch) before attaching"
-            )
-        return attachment.recorder
+        return self._taps.recorder()
 
     def build(self, var_list):
         """Like ``SGD.build`` but without momentum slots when momentum is 0.

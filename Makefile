@@ -30,11 +30,13 @@ demo: setup
 	$(PY) -m trainers.report $(OUT)/sgd.json $(OUT)/private.json
 
 # tests/distributed in processes of their own (logical devices; parameter-server clusters inside a
-# loopback-only network namespace, since tf.distribute.Server binds 0.0.0.0), then the main suite.
+# loopback-only network namespace, since tf.distribute.Server binds 0.0.0.0), then the main suite,
+# then the Keras 3 suite in a process of its own (the legacy switch is per process).
 test: setup
 	TFDP_DISTRIBUTED_TESTS=1 $(PY) -m pytest -q tests/distributed --ignore=tests/distributed/ps
 	TFDP_DISTRIBUTED_TESTS=1 unshare -rn sh -c 'ip link set lo up && exec $(PY) -m pytest -q tests/distributed/ps'
 	$(PY) -m pytest -q
+	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest -q tests/keras3
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

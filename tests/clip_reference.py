@@ -16,16 +16,23 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping.clip import ClippedGradients, clip_gradients
 from tfdp_sparse.clipping.registry import attach_taps
+from tfdp_sparse.keras_stack import tf_variables
 
 
 @contextlib.contextmanager
 def float64():
-    """Keras layers built meanwhile compute in float64 (rounding far below the 1e-6 tolerance)."""
-    before = tf.keras.backend.floatx()
+    """Keras layers built meanwhile compute in float64 (rounding far below the 1e-6 tolerance).
+
+    Sets the global dtype policy as well as floatx: once a policy is set (a test that sets
+    ``mixed_float16`` and back, or on Keras 3 any layer or loss made before), layers follow it, not floatx.
+    """
+    before, policy = tf.keras.backend.floatx(), tf.keras.mixed_precision.global_policy()
     tf.keras.backend.set_floatx("float64")
+    tf.keras.mixed_precision.set_global_policy("float64")
     try:
         yield
     finally:
+        tf.keras.mixed_precision.set_global_policy(policy)
         tf.keras.backend.set_floatx(before)
 
 
@@ -57,11 +64,11 @@ def brute_force(model, x, y, loss_fn, clip_norm):
 
 
 def ghost(model, x, y, loss_fn, clip_norm) -> ClippedGradients:
-    """The toolkit's clipping of the whole batch (attaches the default registry)."""
+    """The toolkit's clipping of the whole batch (attaches the default registry; either Keras stack)."""
     recorder = attach_taps(model)
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
-    return clip_gradients(loss, tape, model.trainable_variables, recorder.take(), clip_norm)
+    return clip_gradients(loss, tape, tf_variables(model.trainable_variables), recorder.take(), clip_norm)
 
 
 def max_relative_error(result: ClippedGradients, expected, norms, variables) -> float:

@@ -4,6 +4,10 @@
 after the main suite): its tests configure logical devices and start
 clusters, which must happen before TensorFlow initialises in that process.
 The main run skips it unless ``TFDP_DISTRIBUTED_TESTS=1``.
+
+``tests/keras3/`` is the Keras 3 suite, also in a process of its own
+(``TF_USE_LEGACY_KERAS=0``, the legacy switch is per process): a run on
+tf-keras does not collect it.
 """
 import os
 
@@ -11,3 +15,5 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 collect_ignore_glob = [] if os.environ.get("TFDP_DISTRIBUTED_TESTS") == "1" else ["distributed/*"]
+if os.environ["TF_USE_LEGACY_KERAS"] == "1":
+    collect_ignore_glob.append("keras3/*")

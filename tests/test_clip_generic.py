@@ -210,7 +210,8 @@ def test_fit_trains_a_gru_through_the_fallback():
     from tfdp_sparse.keras import DPOptimizer
     from tfdp_sparse.mechanisms import DPSGD
 
-    tf.keras.backend.set_floatx("float32")  # the mechanisms' noise is float32 (the fixture restores floatx)
+    tf.keras.backend.set_floatx("float32")  # the mechanisms' noise is float32 (the fixture restores floatx
+    tf.keras.mixed_precision.set_global_policy("float32")  # and the policy)
     tf.keras.utils.set_random_seed(0)
     inputs = tf.keras.Input(shape=(4, 3))
     model = tf.keras.Model(inputs, _head(tf.keras.layers.GRU(5, name="gru")(inputs)))

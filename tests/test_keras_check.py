@@ -1,10 +1,11 @@
-"""Keras 3 as ``tf.keras`` is refused when ``tfdp_sparse.keras`` / ``tfdp_sparse.layers`` are imported.
+"""Which Keras ``tfdp_sparse.keras`` / ``tfdp_sparse.layers`` get at import.
 
 Subprocesses with ``TF_USE_LEGACY_KERAS`` removed from the environment (as
 ``env -u TF_USE_LEGACY_KERAS``): once something has used ``tf.keras``,
-TensorFlow has settled on Keras 3 and the import must fail with the fix;
-importing the toolkit first (it sets the variable) or setting the variable
-works.
+TensorFlow has settled on Keras 3; ``tfdp_sparse.keras`` then imports its
+Keras 3 adapter, while ``tfdp_sparse.layers`` (``DPEmbedding``, tf-keras only
+for now) fails with the fix. Importing the toolkit first (it sets the
+variable) or setting the variable gives tf-keras, as before.
 """
 
 from __future__ import annotations
@@ -29,15 +30,22 @@ def _python(code: str, legacy: bool) -> subprocess.CompletedProcess:
                           check=False)
 
 
-@pytest.mark.parametrize("module", ["tfdp_sparse.keras", "tfdp_sparse.layers"])
-def test_keras_3_refused_at_import_with_the_fix(module):
-    proc = _python(USE_KERAS_3_FIRST + f"import {module}", legacy=False)
+def test_layers_on_keras_3_refused_at_import_with_the_fix():
+    proc = _python(USE_KERAS_3_FIRST + "import tfdp_sparse.layers", legacy=False)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: tfdp_sparse needs Keras 2"), proc.stderr[-3000:]
     for part in ("Keras 3", "export TF_USE_LEGACY_KERAS=1", "before TensorFlow is imported", "pip install tf-keras",
-                 "Keras 3 support is planned"):
+                 "tfdp_sparse.keras.make_private trains Keras 3 models"):
         assert part in last, last
+
+
+def test_keras_on_keras_3_imports_the_adapter():
+    code = (USE_KERAS_3_FIRST + "import tfdp_sparse.keras; from tfdp_sparse.keras_stack import is_keras_3; "
+            "print(tf.keras.__name__, is_keras_3())")
+    proc = _python(code, legacy=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["keras._tf_keras.keras", "True"], proc.stdout
 
 
 @pytest.mark.parametrize("code,legacy", [
@@ -54,3 +62,4 @@ def test_package_names():
     assert _keras_check.is_keras_2("tf_keras.api._v2.keras") and _keras_check.is_keras_2("keras.api._v2.keras")
     assert not _keras_check.is_keras_2("keras._tf_keras.keras")
     _keras_check.require_tf_keras()  # this process runs tf-keras
+    assert _keras_check.is_keras_2(_keras_check.require_keras())

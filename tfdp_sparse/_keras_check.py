@@ -1,4 +1,4 @@
-"""The one check that ``tf.keras`` is Keras 2 (``tf-keras``), run when the Keras-facing modules are imported.
+"""The checks of which Keras ``tf.keras`` is, run when the Keras-facing modules are imported.
 
 TensorFlow 2.16+ resolves ``tf.keras`` the first time it is used, from
 ``TF_USE_LEGACY_KERAS``: ``1`` gives ``tf-keras`` (Keras 2), anything else
@@ -10,11 +10,17 @@ layers, clipping taps and optimizer fail later with confusing errors (e.g.
 :func:`require_tf_keras` first and fail at import with the fix. It only
 checks: nothing is patched.
 
+:mod:`tfdp_sparse.keras` serves both stacks (:func:`require_keras`): on Keras 3
+``make_private`` trains with the Keras 3 adapter
+(:mod:`tfdp_sparse.keras.optimizer_keras3`). :mod:`tfdp_sparse.layers`
+(``DPEmbedding``) is tf-keras only for now (:func:`require_tf_keras`).
+
 Example::
 
     import tensorflow as tf
     tf.keras.layers.Dense(1)       # TF_USE_LEGACY_KERAS unset: tf.keras is now Keras 3
-    import tfdp_sparse.keras       # ImportError: ... export TF_USE_LEGACY_KERAS=1 ...
+    import tfdp_sparse.keras       # the Keras 3 adapter
+    import tfdp_sparse.layers      # ImportError: ... export TF_USE_LEGACY_KERAS=1 ...
 """
 
 from __future__ import annotations
@@ -26,7 +32,13 @@ KERAS_3_MESSAGE = (
     "tfdp_sparse needs Keras 2 (the tf-keras package) as tf.keras, but tf.keras is {found} here. TensorFlow "
     "chooses its Keras the first time tf.keras is used, from TF_USE_LEGACY_KERAS. Fix: `pip install tf-keras`, "
     "and `export TF_USE_LEGACY_KERAS=1` before TensorFlow is imported (or import tfdp_sparse before anything "
-    "uses tf.keras). Keras 3 support is planned."
+    "uses tf.keras). On Keras 3, tfdp_sparse.keras.make_private trains Keras 3 models built from "
+    "keras.layers (Embedding, Dense, EinsumDense, LayerNormalization, ...); DPEmbedding is tf-keras only for now."
+)
+
+NO_KERAS_MESSAGE = (
+    "tfdp_sparse.keras needs Keras: tf.keras is not importable here ({err}). Fix: `pip install tf-keras` and "
+    "`export TF_USE_LEGACY_KERAS=1` (tf-keras), or `pip install keras` (Keras 3) with TF_USE_LEGACY_KERAS=0"
 )
 
 
@@ -39,16 +51,28 @@ def is_keras_2(package: str) -> bool:
     return package.startswith(KERAS_2_PACKAGES)
 
 
+def require_keras() -> str:
+    """The module ``tf.keras`` resolves to (tf-keras or Keras 3); ``ImportError`` naming the fix if none.
+
+    >>> require_keras()   # with TF_USE_LEGACY_KERAS=1 and tf-keras installed
+    'tf_keras.api._v2.keras'
+    """
+    import tensorflow as tf  # local: the package's TF-free modules stay TF-free
+
+    try:
+        return tf.keras.__name__  # resolves tf.keras (Keras 2 or 3) if nothing has yet
+    except ImportError as err:  # TF_USE_LEGACY_KERAS=1 without tf-keras installed, or no Keras at all
+        raise ImportError(NO_KERAS_MESSAGE.format(err=err)) from err
+
+
 def require_tf_keras() -> None:
     """Raises ``ImportError`` naming the fix unless ``tf.keras`` is Keras 2 (tf-keras).
 
     >>> require_tf_keras()   # with TF_USE_LEGACY_KERAS=1 and tf-keras installed: nothing happens
     """
-    import tensorflow as tf  # local: the package's TF-free modules stay TF-free
-
     try:
-        package = tf.keras.__name__  # resolves tf.keras (Keras 2 or 3) if nothing has yet
-    except ImportError as err:  # TF_USE_LEGACY_KERAS=1 without tf-keras installed, or no Keras at all
-        raise ImportError(KERAS_3_MESSAGE.format(found=f"not importable ({err})")) from err
+        package = require_keras()
+    except ImportError as err:
+        raise ImportError(KERAS_3_MESSAGE.format(found=f"not importable ({err.__cause__})")) from err
     if not is_keras_2(package):
         raise ImportError(KERAS_3_MESSAGE.format(found=f"Keras 3 ({package})"))

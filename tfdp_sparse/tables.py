@@ -19,6 +19,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfdp_sparse.keras_stack import as_tf_variable, sublayers, tf_variables
+
 
 def _is_sharded(variable) -> bool:
     return isinstance(variable, tf.__internal__.distribute.ShardedVariable)
@@ -71,13 +73,28 @@ class TableRef:
         return variable_key(self.variable)
 
 
+def layer_table(layer) -> object:
+    """The table a layer holds itself (its ``embeddings``, as a ``tf.Variable`` on either stack), else ``None``."""
+    return as_tf_variable(getattr(layer, "embeddings", None))  # the one attribute every table layer has
+
+
+def holds_table(layer) -> bool:
+    """Whether ``layer`` is or holds an embedding table layer."""
+    return any(layer_table(sub) is not None for sub in [layer, *_modules(layer)])
+
+
+def _modules(model) -> list:
+    """Everything below ``model``: a tf-keras ``tf.Module``'s ``submodules``, a Keras 3 model's layers."""
+    return list(model.submodules) if isinstance(model, tf.Module) else sublayers(model)
+
+
 def table_refs(model) -> list[TableRef]:
     """The embedding tables of ``model``'s layers, in trainable-variable order (each once)."""
-    order = {variable_key(v): i for i, v in enumerate(model.trainable_variables)}
+    order = {variable_key(v): i for i, v in enumerate(tf_variables(model.trainable_variables))}
     found = {}
-    for layer in model.submodules:
-        table = getattr(layer, "embeddings", None)  # the one attribute every table layer has
-        if not isinstance(table, (tf.Variable, tf.__internal__.distribute.ShardedVariable)):
+    for layer in _modules(model):
+        table = layer_table(layer)
+        if table is None:
             continue
         key = variable_key(table)
         first = table_parts(table)[0].ref()  # Keras lists a sharded table's shards, not the table

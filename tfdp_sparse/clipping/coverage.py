@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping.taps import EmbeddingTap, GenericTap, LayerTap, Tap
 from tfdp_sparse.distribute.shards import is_sharded
+from tfdp_sparse.keras_stack import sublayers, tf_variables
 from tfdp_sparse.tables import table_parts
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
@@ -98,16 +99,18 @@ def covered_variables(recorded: Sequence[Tap]) -> set:
 
 
 def variables_of(weights: Sequence) -> list[tf.Variable]:
-    """The ``tf.Variable`` entries of a layer's weight list (lookup layers also list vocabulary handlers)."""
-    return [w for w in weights if isinstance(w, tf.Variable)]
+    """The ``tf.Variable`` entries of a layer's weight list (lookup layers also list vocabulary handlers).
+
+    On Keras 3, the ``tf.Variable`` behind each ``keras.Variable`` (:func:`tfdp_sparse.keras_stack.as_tf_variable`).
+    """
+    return tf_variables(weights)
 
 
 def own_variables(layer: tf.keras.layers.Layer) -> list[tf.Variable]:
     """The variables ``layer`` holds itself (not through a sub-layer)."""
     inner = {
         v.ref()
-        for sub in layer.submodules
-        if isinstance(sub, tf.keras.layers.Layer)
+        for sub in sublayers(layer)
         for v in variables_of(sub.weights)
     }
     return [v for v in variables_of(layer.weights) if v.ref() not in inner]

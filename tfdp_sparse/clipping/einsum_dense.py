@@ -35,8 +35,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.clipping import dense, generic, taps, user_norms
+from tfdp_sparse.clipping.keras_layers import without_training
 from tfdp_sparse.clipping.taps import EinsumDenseTap, accumulation_dtype
 from tfdp_sparse.clipping.user_norms import UserSegments
+from tfdp_sparse.keras_stack import as_tf_variable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +114,7 @@ def einsum_dense_rule(layer: tf.keras.layers.EinsumDense, recorder: taps.TapReco
                       inputs, *args, **kwargs):
     """``EinsumDense``: records an :class:`~tfdp_sparse.clipping.taps.EinsumDenseTap` (or falls back)."""
     covered = recorder.is_active() and isinstance(inputs, tf.Tensor) and inputs.shape.rank is not None
+    kwargs = without_training(kwargs)
     if args or kwargs or not covered:
         return generic.generic_rule(layer, recorder, call, inputs, *args, **kwargs)
     equation = explicit_equation(layer.equation, inputs.shape.rank)
@@ -121,7 +124,8 @@ def einsum_dense_rule(layer: tf.keras.layers.EinsumDense, recorder: taps.TapReco
     z = tf.einsum(equation, x, taps.tap_read(layer.kernel))
     if layer.bias is not None:
         z = z + taps.tap_read(layer.bias)
-    recorder.record(EinsumDenseTap(layer.kernel, layer.bias, x, z, equation, layer.name))
+    bias = None if layer.bias is None else as_tf_variable(layer.bias)
+    recorder.record(EinsumDenseTap(as_tf_variable(layer.kernel), bias, x, z, equation, layer.name))
     return layer.activation(z) if layer.activation is not None else z
 
 

@@ -41,6 +41,8 @@ import tensorflow as tf
 from tfdp_sparse.clipping import taps, user_norms
 from tfdp_sparse.clipping.taps import GenericTap
 from tfdp_sparse.clipping.user_norms import UserSegments
+from tfdp_sparse.keras_stack import sublayers, tf_variables
+from tfdp_sparse.tables import holds_table
 
 logger = logging.getLogger("tfdp_sparse.clipping")
 
@@ -48,7 +50,7 @@ _ANNOUNCED: "weakref.WeakSet[tf.Module]" = weakref.WeakSet()  # layers already n
 
 
 def _variables(weights) -> list[tf.Variable]:
-    return [w for w in weights if isinstance(w, tf.Variable)]
+    return tf_variables(weights)
 
 
 def _has_tables(layer: tf.keras.layers.Layer) -> bool:
@@ -59,9 +61,7 @@ def _has_tables(layer: tf.keras.layers.Layer) -> bool:
     once per example) and materialise dense ``[V, d]`` per-example table
     gradients, so it is never put on the fallback.
     """
-    from tfdp_sparse.layers.embedding import DPEmbedding  # lazy: the layers package imports clipping.taps
-
-    return any(isinstance(sub, (tf.keras.layers.Embedding, DPEmbedding)) for sub in [layer, *layer.submodules])
+    return holds_table(layer)
 
 
 def needs_fallback(layer: tf.keras.layers.Layer, has_rule: Callable[[tf.keras.layers.Layer], bool]) -> bool:
@@ -73,7 +73,7 @@ def needs_fallback(layer: tf.keras.layers.Layer, has_rule: Callable[[tf.keras.la
     """
     if not layer.built or _variables(layer.non_trainable_weights) or _has_tables(layer):
         return False  # unbuilt: no variables yet (layers built after attach_taps are refused)
-    ruled = {w.ref() for sub in layer.submodules if isinstance(sub, tf.keras.layers.Layer) and has_rule(sub)
+    ruled = {w.ref() for sub in sublayers(layer) if has_rule(sub)
              for w in _variables(sub.weights)}
     return any(w.ref() not in ruled for w in _variables(layer.trainable_weights))
 

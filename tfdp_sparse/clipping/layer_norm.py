@@ -30,12 +30,14 @@ import tensorflow as tf
 from tfdp_sparse.clipping import taps, user_norms
 from tfdp_sparse.clipping.taps import LayerNormTap, accumulation_dtype
 from tfdp_sparse.clipping.user_norms import UserSegments
+from tfdp_sparse.keras_stack import as_tf_variable
 
 _LOW_PRECISION = (tf.float16, tf.bfloat16)
 
 
 def _normalised_axes(layer: tf.keras.layers.LayerNormalization, rank: int) -> tuple[int, ...]:
-    return tuple(sorted(axis % rank for axis in layer.axis))
+    axes = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]  # Keras 3 may keep an int
+    return tuple(sorted(axis % rank for axis in axes))
 
 
 def _broadcast(value: tf.Tensor, axes: Sequence[int], rank: int) -> tf.Tensor:
@@ -57,7 +59,8 @@ def layer_norm_rule(layer: tf.keras.layers.LayerNormalization, recorder: taps.Ta
     """
     covered = recorder.is_active() and isinstance(inputs, tf.Tensor) and inputs.shape.rank is not None
     no_weights = layer.gamma is None and layer.beta is None  # nothing to clip: the layer's own call
-    if args or kwargs or not covered or no_weights or 0 in _normalised_axes(layer, inputs.shape.rank):
+    rms = layer.get_config().get("rms_scaling", False)  # Keras 3's RMS variant: another formula, not covered
+    if args or kwargs or not covered or no_weights or rms or 0 in _normalised_axes(layer, inputs.shape.rank):
         return call(inputs, *args, **kwargs)
     rank = inputs.shape.rank
     axes = _normalised_axes(layer, rank)
@@ -72,7 +75,8 @@ def layer_norm_rule(layer: tf.keras.layers.LayerNormalization, recorder: taps.Ta
         outputs = outputs * _broadcast(tf.cast(taps.tap_read(layer.gamma), x.dtype), axes, rank)
     if layer.beta is not None:
         outputs = outputs + _broadcast(tf.cast(taps.tap_read(layer.beta), x.dtype), axes, rank)
-    recorder.record(LayerNormTap(layer.gamma, layer.beta, normalized, outputs, axes, layer.name))
+    gamma, beta = (None if w is None else as_tf_variable(w) for w in (layer.gamma, layer.beta))
+    recorder.record(LayerNormTap(gamma, beta, normalized, outputs, axes, layer.name))
     return tf.cast(outputs, out_dtype)
 
 

@@ -42,6 +42,7 @@ from tensorflow.python.autograph.impl.api import autograph_artifact  # no public
 
 from tfdp_sparse.clipping import conv1d, einsum_dense, generic, keras_layers, layer_norm, time_distributed
 from tfdp_sparse.clipping.taps import LayerTap, TapRecorder
+from tfdp_sparse.keras_stack import is_keras_3, sublayers
 
 #: ``rule(layer, recorder, call, *args, **kwargs) -> outputs``.
 LayerRule = Callable[..., object]
@@ -102,18 +103,38 @@ def default_registry() -> LayerRegistry:
     ``LayerNormalization``, ``EinsumDense`` (so ``MultiHeadAttention``),
     ``Conv1D`` and ``TimeDistributed(Dense)``; any other layer holding only
     trainable variables falls back to :func:`tfdp_sparse.clipping.generic.generic_rule`.
+
+    On Keras 3 (:func:`tfdp_sparse.keras_stack.is_keras_3`): :func:`keras_3_registry`.
     """
+    if is_keras_3():
+        return keras_3_registry()
     from tfdp_sparse.layers.embedding import DPEmbedding, dp_embedding_rule  # layers import clipping.taps
 
     return LayerRegistry({
-        tf.keras.layers.Dense: keras_layers.dense_rule,
-        tf.keras.layers.Embedding: keras_layers.embedding_rule,
+        **_stock_rules(),
         DPEmbedding: dp_embedding_rule,
-        tf.keras.layers.LayerNormalization: layer_norm.layer_norm_rule,
-        tf.keras.layers.EinsumDense: einsum_dense.einsum_dense_rule,
         tf.keras.layers.Conv1D: conv1d.conv1d_rule,
         tf.keras.layers.TimeDistributed: time_distributed.time_distributed_rule,
     }, fallback=generic.generic_rule)
+
+
+def _stock_rules() -> dict:
+    """The rules of the stock Keras layers both stacks cover (``tf.keras`` is the process's Keras)."""
+    return {
+        tf.keras.layers.Dense: keras_layers.dense_rule,
+        tf.keras.layers.Embedding: keras_layers.embedding_rule,
+        tf.keras.layers.LayerNormalization: layer_norm.layer_norm_rule,
+        tf.keras.layers.EinsumDense: einsum_dense.einsum_dense_rule,
+    }
+
+
+def keras_3_registry() -> LayerRegistry:
+    """The Keras 3 registry: ``Dense``, ``Embedding``, ``LayerNormalization``, ``EinsumDense``, generic fallback.
+
+    (``Conv1D``, ``TimeDistributed`` and ``DPEmbedding`` are tf-keras only for now;
+    a ``Conv1D`` still trains on Keras 3, through the exact fallback.)
+    """
+    return LayerRegistry(_stock_rules(), fallback=generic.generic_rule)
 
 
 def _is_op_layer(layer: tf.keras.layers.Layer) -> bool:
@@ -128,8 +149,8 @@ def model_layers(model: tf.keras.layers.Layer) -> list[tf.keras.layers.Layer]:
     """``model`` and every Keras layer under it (each once), but Keras' op layers."""
     found = [model]
     seen = {id(model)}
-    for module in model.submodules:
-        if isinstance(module, tf.keras.layers.Layer) and id(module) not in seen and not _is_op_layer(module):
+    for module in sublayers(model):
+        if id(module) not in seen and not _is_op_layer(module):
             seen.add(id(module))
             found.append(module)
     return found

@@ -1,8 +1,13 @@
-"""Keras face of the toolkit: the DP optimizer and the custom-loop step (tf-keras only: see ``_keras_check``)."""
+"""Keras face of the toolkit: ``make_private``, the DP optimizer and the custom-loop step.
 
-from tfdp_sparse._keras_check import require_tf_keras
+Both stacks (see ``_keras_check`` and ``tfdp_sparse.keras_stack``): on tf-keras
+everything below; on Keras 3 ``make_private`` trains with the Keras 3 adapter
+(``PrivateStep`` and ``DPOptimizer`` are tf-keras only for now).
+"""
 
-require_tf_keras()  # before the modules below touch tf.keras: Keras 3 fails here, with the fix
+from tfdp_sparse._keras_check import require_keras
+
+require_keras()  # before the modules below touch tf.keras: no Keras at all fails here, with the fix
 
 
 from tfdp_sparse.keras.coupling import CoupledLossError

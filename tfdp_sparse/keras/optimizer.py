@@ -36,29 +36,20 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import weakref
 from typing import Iterator, Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping.clip import clip_gradients
 from tfdp_sparse.clipping.user_norms import UserClipping
-from tfdp_sparse.clipping.registry import LayerRegistry, attach_taps, unattached_layers
+from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.clipping.taps import TapRecorder
+from tfdp_sparse.keras.attachment import ModelTaps
+from tfdp_sparse.keras.private_update import private_update
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.optimizers import TableOptimizer, TableRule
 from tfdp_sparse.tables import table_refs, variable_key
 
-_REFUSED_KWARGS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
-
-
-def _add_regularization(grad, reg):
-    """``grad + reg`` (a regularized table's update becomes dense: the regularizer moves every row)."""
-    if reg is None:
-        return grad
-    reg = tf.convert_to_tensor(reg)
-    return reg if grad is None else tf.convert_to_tensor(grad) + reg
+REFUSED_KWARGS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
 
 
 class UnprivatizedUpdateError(RuntimeError):
@@ -69,7 +60,7 @@ class UnprivatizedUpdateError(RuntimeError):
     __init__ = Exception.__init__
 
 
-_BYPASS_MESSAGE = (
+BYPASS_MESSAGE = (
     "DPOptimizer.apply_gradients was called outside the private step, with gradients that were neither "
     "clipped per example nor noised: that update would not be private. Likely causes: a custom "
     "train_step that calls optimizer.apply_gradients (tfrs.Model's train_step does this); a mixed_float16 "
@@ -80,23 +71,7 @@ _BYPASS_MESSAGE = (
 )
 
 
-def _scale(grad, factor):
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
-    return grad * factor
-
-
-@dataclasses.dataclass(frozen=True)
-class _Attachment:
-    """The model a :class:`DPOptimizer` trains and the recorder its layers write taps to."""
-
-    recorder: TapRecorder
-    model: "weakref.ref[tf.keras.Model]"
-
-
-def _check_expected_batch_size(expected_batch_size: Optional[int], mechanism: Mechanism) -> None:
+def check_expected_batch_size(expected_batch_size: Optional[int], mechanism: Mechanism) -> None:
     """Refuses a missing (private mechanism) or non-positive ``expected_batch_size``.
 
     Example: ``DPOptimizer(DPSGD(1.0, 1.0), 0.1)`` raises; ``DPOptimizer(NonPrivate(), 0.1)``
@@ -163,7 +138,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         predraw_dense_noise: bool = False,
         **kwargs,
     ):
-        for key in _REFUSED_KWARGS:
+        for key in REFUSED_KWARGS:
             if kwargs.get(key) not in (None, False):
                 raise ValueError(
                     f"DPOptimizer does not support {key}={kwargs[key]!r}: it would change the "
@@ -171,7 +146,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
                 )
         if not isinstance(mechanism, Mechanism):
             raise TypeError(f"mechanism must be a tfdp_sparse Mechanism, got {type(mechanism).__name__}")
-        _check_expected_batch_size(expected_batch_size, mechanism)
+        check_expected_batch_size(expected_batch_size, mechanism)
         super().__init__(learning_rate=learning_rate, momentum=momentum, name=name, **kwargs)
         self.mechanism = mechanism
         self.expected_batch_size = expected_batch_size
@@ -185,7 +160,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         mechanism.check_optimizer(self)
         self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
         self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
-        self._attachment: Optional[_Attachment] = None
+        self._taps = ModelTaps()
         self._privatized_depth = 0
 
     def attach(self, model: tf.keras.Model, registry: Optional[LayerRegistry] = None) -> TapRecorder:
@@ -195,31 +170,17 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         (``fit`` or :class:`~tfdp_sparse.keras.step.PrivateStep`); also
         creates optimizer state (:meth:`prebuild`). Returns the recorder.
         """
-        recorder = attach_taps(model, registry)
-        self._attachment = _Attachment(recorder, weakref.ref(model))
+        recorder = self._taps.attach(model, registry)
         self.prebuild(model)
         return recorder
 
     def is_attached_to(self, model: tf.keras.Model) -> bool:
         """True when :meth:`attach` was called with ``model`` (and it is alive)."""
-        return self._attachment is not None and self._attachment.model() is model
+        return self._taps.is_attached_to(model)
 
     def recorder(self) -> TapRecorder:
         """The recorder the attached model's layers write taps to (clear it before a forward pass)."""
-        attachment = self._attachment
-        model = attachment.model() if attachment is not None else None
-        if model is None:
-            raise ValueError(
-                "DPOptimizer has no model to take per-example taps from: call optimizer.attach(model) "
-                "after building the model and before fit (PrivateStep does it for you)"
-            )
-        late = unattached_layers(model)
-        if late:
-            raise ValueError(
-                f"layers {late} were created after DPOptimizer.attach(model), so they have no clipping "
-                "rule: build the model (call it on a batch) before attaching"
-            )
-        return attachment.recorder
+        return self._taps.recorder()
 
     def build(self, var_list):
         """Like ``SGD.build`` but without momentum slots when momentum is 0.
@@ -276,32 +237,19 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         if tape is None:
             raise ValueError("DPOptimizer needs the GradientTape that recorded the forward pass")
         var_list = list(var_list() if callable(var_list) else var_list)
-        recorded = self.recorder().take()
-        clipped = clip_gradients(per_example_loss, tape, var_list, recorded, self.mechanism.l2_norm_clip, users=users)
-        # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
-        # map uses them; unused, their ops are pruned from the traced step).
-        noised = self.mechanism.privatize(clipped.grads, var_list, clipped.is_table, lookups=clipped.lookups,
-                                          predraw_dense=self.predraw_dense_noise,
-                                          users=None if users is None else users.segments)
-        if self.expected_batch_size is not None:
-            denominator = tf.constant(float(self.expected_batch_size))
-        else:
-            denominator = tf.cast(tf.maximum(clipped.batch_size, 1), tf.float32)
-        scaled = [_scale(g, 1.0 / denominator) for g in noised.grads]
-        if regularization_grads is not None:
-            scaled = [_add_regularization(g, r) for g, r in zip(scaled, regularization_grads)]
-        pairs = [(g, v) for g, v in zip(scaled, var_list) if g is not None]
-        updates = [self.last_embedding_values.assign(noised.embedding_values)]
-        if clipped.norms is not None:
-            clip_norm = self.mechanism.l2_norm_clip
-            fraction = tf.reduce_mean(tf.cast(clipped.norms > clip_norm, tf.float32))
-            updates.append(self.last_clipped_fraction.assign(fraction))
+        update = private_update(self.mechanism, self.expected_batch_size, per_example_loss, var_list, tape,
+                                self.recorder().take(), regularization_grads,
+                                predraw_dense=self.predraw_dense_noise, users=users)
+        pairs = update.pairs
+        updates = [self.last_embedding_values.assign(update.embedding_values)]
+        if update.clipped_fraction is not None:
+            updates.append(self.last_clipped_fraction.assign(update.clipped_fraction))
         with tf.control_dependencies(updates), self.privatized():
             if self.table_optimizer is not None:
-                return self._apply_with_table_optimizer(pairs, var_list, clipped.is_table)
+                return self._apply_with_table_optimizer(pairs, var_list, update.is_table)
             if self.dense_optimizer is None:
                 return self.apply_gradients(pairs)
-            tables = {v.ref() for v, t in zip(var_list, clipped.is_table) if t}
+            tables = {v.ref() for v, t in zip(var_list, update.is_table) if t}
             dense_pairs = [(g, v) for g, v in pairs if v.ref() not in tables]
             table_pairs = [(g, v) for g, v in pairs if v.ref() in tables]
             # Post-processing of the noised gradient: any optimizer is fine
@@ -347,7 +295,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
     def apply_gradients(self, grads_and_vars, name: Optional[str] = None, **kwargs):
         """Keras' update, only for gradients of the private step (see :meth:`privatized`)."""
         if self._privatized_depth <= 0:
-            raise UnprivatizedUpdateError(_BYPASS_MESSAGE)
+            raise UnprivatizedUpdateError(BYPASS_MESSAGE)
         return super().apply_gradients(grads_and_vars, name=name, **kwargs)
 
     def minimize(self, loss, var_list, tape=None):

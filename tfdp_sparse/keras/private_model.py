@@ -58,6 +58,7 @@ from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.data.user_sampling import UserPoissonSampler
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.keras_stack import is_keras_3, sublayers
 from tfdp_sparse.noise_source import NoiseSource
 
 log = logging.getLogger("tfdp_sparse.keras")
@@ -385,7 +386,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                               privacy_unit=privacy_unit, num_users=num_users)
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"make_private needs a tf.keras Model, got {type(model).__name__}")
-    built_layers = [m for m in model.submodules if isinstance(m, tf.keras.layers.Layer) and m.built]
+    built_layers = [m for m in sublayers(model) if m.built]
     if not model.built and not built_layers:  # a subclassed model built by compute_loss has built layers only
         raise ValueError("build the model before make_private (call it on a batch of inputs): its layers get their "
                          "clipping rules then")
@@ -397,7 +398,16 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
     shape = RunShape(config.num_units, batch_size, config.total_steps, learning_rate)
     setup = prepare_private(model, settings, shape, options, mechanism)
     charge = RunCharge(setup.accounting, setup.privacy.target_epsilon, batch_size)
-    return PrivateModel(model, setup.optimizer, setup.ledger, charge, config, loss, _outside_guarantee(model))
+    return _model_class()(model, setup.optimizer, setup.ledger, charge, config, loss, _outside_guarantee(model))
+
+
+def _model_class() -> type:
+    """:class:`PrivateModel` on tf-keras; on Keras 3 its hooks (:mod:`~tfdp_sparse.keras.private_model_keras3`)."""
+    if not is_keras_3():
+        return PrivateModel
+    from tfdp_sparse.keras.private_model_keras3 import Keras3PrivateModel  # it subclasses PrivateModel
+
+    return Keras3PrivateModel
 
 
 def _settings(privacy: Union[PrivacyConfig, Mechanism], config: PrivateFitConfig,

@@ -42,6 +42,7 @@ from tfdp_sparse.accounting.step_accounting import StepAccounting
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.keras_stack import is_keras_3
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.calibration import calibrate, check_accountant, step_event_of
 from tfdp_sparse.mechanisms.plans.base import Plan
@@ -226,11 +227,25 @@ def _optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: Setup
             raise ValueError(f"optimizer: a continued optimizer needs no resumed checkpoint and the step event of "
                              f"privacy={resolved.privacy} (its mechanism: {mech.describe()})")
         return continued
+    if is_keras_3():
+        return _keras_3_optimizer(resolved, shape, model, options, mechanism)
     mechanism = mechanism if mechanism is not None else resolved.plan.make_rule(options.noise_seed)
     mechanism.bind_model(model)
     return DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size,
                        dense_optimizer=options.dense_optimizer, table_optimizer=options.table_optimizer,
                        predraw_dense_noise=options.predraw_dense_noise)
+
+
+def _keras_3_optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: SetupOptions,
+                       mechanism: Optional[Mechanism]):
+    """The Keras 3 stack's optimizer (what it does not cover yet is refused before the rule is built)."""
+    from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer, refuse_unsupported_on_keras_3
+
+    refuse_unsupported_on_keras_3(resolved.plan, dense_optimizer=options.dense_optimizer,
+                                  table_optimizer=options.table_optimizer)
+    mechanism = mechanism if mechanism is not None else resolved.plan.make_rule(options.noise_seed)
+    mechanism.bind_model(model)
+    return Keras3DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size)
 
 
 def open_ledger(mechanism: Mechanism, options: SetupOptions) -> PrivacyLedger:

@@ -1,0 +1,138 @@
+"""``make_private`` on Keras 3: private training, ε in ``fit``, noise in the weights, refusals (issues 18 and 21).
+
+The same entry point and helpers as tf-keras (:mod:`tests.test_make_private`,
+whose ``tf.keras`` is Keras 3 in this process); models built from ``keras.layers``.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.test_make_private import (B, BCE, DIM, N, VOCAB, CustomStep, _ks_update, _private, data, dp,
+                                     independent_epsilon)
+from tfdp_sparse.keras import UnprivatizedUpdateError, make_private
+from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
+from tfdp_sparse.keras.private_model_keras3 import Keras3PrivateModel
+
+
+def ctr_model(hidden_init="glorot_uniform") -> keras.Model:
+    ids = keras.Input((3,), dtype="int64")
+    h = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="table")(ids))
+    h = keras.layers.Dense(24, activation="relu", name="hidden", kernel_initializer=hidden_init)(h)
+    model = keras.Model(ids, keras.layers.Dense(1, name="out")(h))
+    model(data()[0][:2])
+    return model
+
+
+def zero_gradient_model() -> keras.Model:
+    """Loss gradients are exactly zero (the output sees ``0 * stop_gradient(h)``), so updates are pure noise."""
+    ids = keras.Input((3,), dtype="int64")
+    h = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="table")(ids))
+    h = keras.layers.Dense(128, kernel_initializer="zeros", bias_initializer="zeros", name="hidden")(h)
+    out = keras.layers.Dense(1, kernel_initializer="zeros", name="out")(keras.ops.stop_gradient(h) * 0.0)
+    return keras.Model(ids, out)
+
+
+def test_epsilon_in_history_and_report_fields():
+    private = _private(ctr_model(), epochs=2)
+    assert isinstance(private, Keras3PrivateModel)
+    history = private.fit(*data(), verbose=0)
+    spe = round(N / B)
+    delta = history.history["delta"][0]
+    for epoch, eps in enumerate(history.history["epsilon"], start=1):
+        assert eps == pytest.approx(independent_epsilon(1.0, epoch * spe, delta), rel=1e-6)
+    assert all(np.isfinite(history.history["loss"])) and history.history["loss"][0] > 0
+    report = private.report()
+    assert report["private"] is True and report["steps"] == 2 * spe and report["privacy_unit"] == "example"
+    assert report["epsilon"] == history.history["epsilon"][-1] and report["outside_guarantee"] == []
+    assert report["sampling"] == "poisson" and report["algorithm"] == "dpsgd"
+
+
+def test_noise_of_the_reported_sigma_reaches_the_weights():
+    model = zero_gradient_model()
+    private = _private(model, dp(sigma=2.0), steps=1)
+    _ks_update(private, [model.get_layer("table").embeddings, model.get_layer("hidden").kernel], 2.0, 1.0, 0.1,
+               *data())
+
+
+@pytest.mark.parametrize("algorithm,extra", [("dpsgd", ()), ("eana", ()), ("adafest", (("tau", 1.0), ("sigma1", 2.0))),
+                                             ("dpfest", (("k", 10), ("kept_ids", (tuple(range(0, VOCAB, 5)),))))])
+def test_sigma_zero_and_positive_differ(algorithm, extra):
+    after = []
+    for sigma in (0.0, 5.0):
+        model = ctr_model(hidden_init=keras.initializers.GlorotUniform(3))
+        model.get_layer("table").set_weights([np.zeros((VOCAB, DIM), np.float32)])
+        private = _private(model, dp(sigma=sigma, algorithm=algorithm, extra=extra), steps=1, noise_seed=1)
+        private.fit(*data(), verbose=0)
+        after.append([w.copy() for w in model.get_weights()])
+    assert any(np.abs(a - b).max() > 1e-3 for a, b in zip(*after)), algorithm
+
+
+def test_tables_update_sparsely():
+    """EANA: only rows the batch looked up move (σ > 0), the update applied by scatter."""
+    model = ctr_model()
+    table = model.get_layer("table").embeddings
+    before = table.numpy().copy()
+    x, y = data()
+    private = _private(model, dp(sigma=1.0, algorithm="eana"), steps=1, num_examples=N)
+    private.fit(x, y, verbose=0)
+    moved = np.flatnonzero(np.abs(table.numpy() - before).max(axis=1) > 0)
+    assert 0 < moved.size < VOCAB  # Poisson batch of ~64 examples x 3 ids from 50: most rows, not all
+    assert private.dp_optimizer.last_embedding_values.numpy() == moved.size * DIM
+
+
+def test_apply_gradients_outside_the_private_step_is_refused():
+    """A custom ``train_step`` (Keras 3 calls ``apply_gradients``) or a direct call: refused, naming the cause."""
+    ids = keras.Input((3,), dtype="int64")
+    model = CustomStep(ids, keras.layers.Dense(1)(keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM)(ids))))
+    optimizer = _private(model).dp_optimizer
+    assert isinstance(optimizer, Keras3DPOptimizer)
+    with pytest.raises(UnprivatizedUpdateError, match="custom train_step"):
+        optimizer.apply_gradients([(tf.zeros_like(v), v) for v in model.trainable_variables])
+    model.compile(optimizer=optimizer)
+    with pytest.raises(UnprivatizedUpdateError, match="custom train_step"):
+        model.fit(*data(), batch_size=B, epochs=1, verbose=0)
+
+
+def test_recompiled_with_another_optimizer_is_refused_at_fit():
+    private = _private(ctr_model())
+    with pytest.raises(ValueError, match="optimizer"):
+        private.compile(optimizer="adagrad")
+    keras.Model.compile(private, optimizer="adagrad")  # around make_private's compile
+    with pytest.raises(ValueError, match="not its DPOptimizer"):
+        private.fit(*data(), verbose=0)
+
+
+def test_lazydp_is_refused_by_name():
+    with pytest.raises(ValueError, match="LazyDP is not supported on Keras 3"):
+        make_private(ctr_model(), dp(algorithm="lazydp"), num_examples=N, batch_size=B, epochs=1, loss=BCE)
+
+
+def test_post_processing_optimizers_are_refused_by_name():
+    with pytest.raises(ValueError, match="table_optimizer= is not supported on Keras 3"):
+        make_private(ctr_model(), dp(), num_examples=N, batch_size=B, epochs=1, loss=BCE, table_optimizer=object())
+
+
+def test_sequential_and_subclassed_models_train_privately():
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.table = keras.layers.Embedding(VOCAB, DIM)
+            self.flat = keras.layers.Flatten()
+            self.out = keras.layers.Dense(1)
+
+        def call(self, ids):
+            return self.out(self.flat(self.table(ids)))
+
+    sequential = keras.Sequential([keras.Input((3,), dtype="int64"), keras.layers.Embedding(VOCAB, DIM),
+                                   keras.layers.Flatten(), keras.layers.Dense(1)])
+    for model in (sequential, Subclassed()):
+        model(data()[0][:2])
+        before = [w.copy() for w in model.get_weights()]
+        private = _private(model, steps=2)
+        private.fit(*data(), verbose=0)
+        assert private.report()["steps"] == 2
+        assert all(np.abs(a - b).max() > 0 for a, b in zip(model.get_weights(), before))

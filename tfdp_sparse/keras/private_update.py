@@ -1,0 +1,93 @@
+"""The framework-neutral part of a private step: clip, privatize, scale by 1/B, pair with the variables.
+
+Both Keras stacks call :func:`private_update` from their optimizer's
+``private_step`` (tf-keras: :class:`tfdp_sparse.keras.DPOptimizer`; Keras 3:
+:class:`tfdp_sparse.keras.optimizer_keras3.Keras3DPOptimizer`) and differ only
+in how they apply the pairs (their "apply" hook). Everything here works on
+``tf.Variable`` and tensors.
+
+Example::
+
+    update = private_update(mechanism, 256, per_example_loss, variables, tape, recorder.take())
+    optimizer.apply_gradients(update.pairs)       # inside the optimizer's privatized() context
+    update.embedding_values, update.clipped_fraction
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+from tfdp_sparse.clipping.clip import clip_gradients
+from tfdp_sparse.clipping.taps import Tap
+from tfdp_sparse.clipping.user_norms import UserClipping
+from tfdp_sparse.mechanisms.base import Mechanism
+
+
+def add_regularization(grad, reg):
+    """``grad + reg`` (a regularized table's update becomes dense: the regularizer moves every row)."""
+    if reg is None:
+        return grad
+    reg = tf.convert_to_tensor(reg)
+    return reg if grad is None else tf.convert_to_tensor(grad) + reg
+
+
+def scale(grad, factor):
+    """``grad * factor`` for a dense gradient or ``tf.IndexedSlices`` (kept sparse); ``None`` stays ``None``."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivateUpdate:
+    """One step's privatized update.
+
+    Attributes:
+      pairs: ``(noised gradient / B (+ regularizer gradient), variable)`` for every variable with a gradient.
+      is_table: per variable of the step (all of them, aligned with its ``variables``), whether it is a table.
+      embedding_values: the number of table values the noised gradient touches (int64 scalar).
+      clipped_fraction: the fraction of examples whose norm exceeded C (``None`` without clipping).
+    """
+
+    pairs: list
+    is_table: list
+    embedding_values: tf.Tensor
+    clipped_fraction: Optional[tf.Tensor]
+
+
+def private_update(mechanism: Mechanism, expected_batch_size: Optional[int], per_example_loss: tf.Tensor,
+                   variables: Sequence[tf.Variable], tape: tf.GradientTape, recorded: Sequence[Tap],
+                   regularization_grads: Optional[Sequence] = None, predraw_dense: bool = False,
+                   users: Optional[UserClipping] = None) -> PrivateUpdate:
+    """Clip per example (one backward pass), noise with ``mechanism``, divide by ``B``, pair with ``variables``.
+
+    ``expected_batch_size`` ``None`` divides by the batch's actual size (non-private runs only).
+    ``regularization_grads`` (aligned with ``variables``) are added after the scaling, unclipped.
+    ``predraw_dense``: draw dense noise before the rule runs (:meth:`Mechanism.privatize`).
+    ``users`` (user level): clip each user's summed gradient instead of each example's.
+
+    Example: with DP-SGD at σ=0, C large and B=2, a batch of two examples gives pairs
+    ``(sum_i g_i / 2, v)``, i.e. the plain mean gradient.
+    """
+    clipped = clip_gradients(per_example_loss, tape, variables, recorded, mechanism.l2_norm_clip, users=users)
+    # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
+    # map uses them; unused, their ops are pruned from the traced step).
+    noised = mechanism.privatize(clipped.grads, variables, clipped.is_table, lookups=clipped.lookups,
+                                 predraw_dense=predraw_dense, users=None if users is None else users.segments)
+    if expected_batch_size is not None:
+        denominator = tf.constant(float(expected_batch_size))
+    else:
+        denominator = tf.cast(tf.maximum(clipped.batch_size, 1), tf.float32)
+    scaled = [scale(g, 1.0 / denominator) for g in noised.grads]
+    if regularization_grads is not None:
+        scaled = [add_regularization(g, r) for g, r in zip(scaled, regularization_grads)]
+    pairs = [(g, v) for g, v in zip(scaled, variables) if g is not None]
+    fraction = None
+    if clipped.norms is not None:
+        fraction = tf.reduce_mean(tf.cast(clipped.norms > mechanism.l2_norm_clip, tf.float32))
+    return PrivateUpdate(pairs, list(clipped.is_table), noised.embedding_values, fraction)

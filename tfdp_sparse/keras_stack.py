@@ -1,0 +1,89 @@
+"""Which Keras the process runs (tf-keras or Keras 3 on TensorFlow), and the few places the two differ.
+
+TensorFlow resolves ``tf.keras`` once per process, from ``TF_USE_LEGACY_KERAS``
+(:mod:`tfdp_sparse._keras_check`). The toolkit's clipping, mechanisms and
+ledger work on ``tf.Variable`` and tensors; the two stacks differ in how a
+layer exposes them:
+
+* a tf-keras weight *is* a ``tf.Variable``; a Keras 3 weight is a
+  ``keras.Variable`` whose ``.value`` is the ``tf.Variable`` the tape sees
+  (:func:`as_tf_variable`);
+* a tf-keras layer is a ``tf.Module`` and lists every layer below it as
+  ``submodules``; a Keras 3 model lists its layers as ``layers``
+  (:func:`sublayers`).
+
+Everything else (layer rules, clip, mechanisms) is shared, on ``tf.Variable``.
+
+Example::
+
+    dense = tf.keras.layers.Dense(2); dense.build((None, 3))
+    as_tf_variable(dense.kernel).ref()        # either stack: the tf.Variable's ref
+    [layer.name for layer in sublayers(model)]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import tensorflow as tf
+
+
+def is_keras_3() -> bool:
+    """True when ``tf.keras`` resolved to Keras 3 in this process (``TF_USE_LEGACY_KERAS`` not ``1``).
+
+    >>> is_keras_3()   # under TF_USE_LEGACY_KERAS=1 with tf-keras installed
+    False
+    """
+    from tfdp_sparse._keras_check import is_keras_2  # local: _keras_check imports nothing of TF
+
+    return not is_keras_2(tf.keras.__name__)
+
+
+def _keras_3_variable_type() -> type:
+    import keras  # the Keras 3 package (installed beside tf-keras; only its Variable type is read)
+
+    return keras.Variable
+
+
+def as_tf_variable(weight: Any) -> Optional[tf.Variable]:
+    """The ``tf.Variable`` behind a layer weight (itself on tf-keras, ``.value`` on Keras 3), else ``None``.
+
+    ``None`` for entries of a weight list that are no variable (lookup
+    layers list vocabulary handlers). Example: ``as_tf_variable(keras_dense.kernel)``
+    is ``keras_dense.kernel.value``.
+    """
+    if isinstance(weight, (tf.Variable, tf.__internal__.distribute.ShardedVariable)):
+        return weight
+    if not is_keras_3():
+        return None
+    value = weight.value if isinstance(weight, _keras_3_variable_type()) else None
+    return value if isinstance(value, tf.Variable) else None
+
+
+def tf_variables(weights) -> list[tf.Variable]:
+    """The ``tf.Variable`` of every variable entry of ``weights`` (:func:`as_tf_variable`), in order."""
+    found = [as_tf_variable(w) for w in weights]
+    return [v for v in found if v is not None]
+
+
+def sublayers(layer: Any) -> list:
+    """Every Keras layer below ``layer`` (not itself), each once.
+
+    tf-keras: its ``submodules`` that are layers. Keras 3: the ``layers`` of
+    models, recursively (a plain layer's inner layers are not listed by
+    Keras 3's public API; a layer holding variables through them is covered
+    as a whole by the generic fallback).
+    """
+    if isinstance(layer, tf.Module):
+        return [m for m in layer.submodules if isinstance(m, tf.keras.layers.Layer)]
+    found, seen = [], {id(layer)}
+    pending = list(layer.layers) if isinstance(layer, tf.keras.Model) else []
+    while pending:
+        sub = pending.pop(0)
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        found.append(sub)
+        if isinstance(sub, tf.keras.Model):
+            pending.extend(sub.layers)
+    return found

@@ -107,3 +107,10 @@ def test_resuming_with_another_unit_is_refused(tmp_path):
     user_level.load_weights(str(tmp_path / "ckpt"))
     with pytest.raises(ValueError, match="one ledger cannot mix two units"):
         user_level.fit(x, y, user_ids=users, verbose=0)
+
+
+def test_the_ledger_records_the_user_unit():
+    assert _user_private(_model()).ledger.privacy_unit == "user"
+    example_level = make_private(_model(), PrivacyConfig(algorithm="dpsgd", l2_norm_clip=1.0), num_examples=N,
+                                 batch_size=8, steps=2, loss=_loss)
+    assert example_level.ledger.privacy_unit == "example"

@@ -57,6 +57,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from typing import Callable, Mapping, Optional, Sequence
@@ -170,7 +171,8 @@ def train_privately(
     calibrating = privacy.target_epsilon is not None and loop.calibrate_noise
     identity = run_identity(privacy, calibrating, unit)
     saved = find_saved_run(loop.model_dir, identity)  # a run in model_dir: same settings; σ and ledger from it
-    options = setup_options(loop, pre_training, selection_counts, sensitivity_caveat, saved, optimizer)
+    options = dataclasses.replace(setup_options(loop, pre_training, selection_counts, sensitivity_caveat, saved,
+                                                optimizer), unit=unit)
     setup = prepare_private(model, privacy, run_shape(loop, n), options)  # the setup make_private uses
     resolved, optimizer, ledger = setup.resolved, setup.optimizer, setup.ledger
     if not noise.is_secure:

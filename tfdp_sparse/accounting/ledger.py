@@ -30,9 +30,12 @@ from tfdp_sparse.accounting.validation import (
     _validate_accountant, _validate_int, validate_delta)
 
 _LEDGER_FORMAT = "tfdp_sparse.PrivacyLedger"
-#: Version 2 adds ``void_reasons``; version 1 ledgers (none) still load.
-_LEDGER_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+#: Version 2 adds ``void_reasons``; version 3 the ``privacy_unit``. Versions 1 and 2
+#: (no void reasons / example level, the only unit they knew) still load.
+_LEDGER_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
+#: The unit of every ledger written before units existed.
+_DEFAULT_UNIT = "example"
 
 
 class PrivacyNotAvailable(RuntimeError):
@@ -90,6 +93,7 @@ class PrivacyLedger:
         self._entries: list[list[Any]] = []
         self._steps = 0
         self._void: list[str] = []
+        self._unit = _DEFAULT_UNIT
         self._cache: dict[tuple[float, str], float] = {}
 
     # -- recording ----------------------------------------------------------
@@ -229,6 +233,30 @@ class PrivacyLedger:
         other._void = list(self._void)
         return other
 
+    # -- the privacy unit ------------------------------------------------------
+
+    @property
+    def privacy_unit(self) -> str:
+        """What one neighbouring data set differs in: ``"example"`` (default) or ``"user"``."""
+        return self._unit
+
+    def set_privacy_unit(self, unit: str) -> None:
+        """Records the unit of the guarantee; a ledger that holds steps never changes unit.
+
+        One ledger composes events of one unit only: an example-level ε and a
+        user-level ε do not add up to either.
+
+        >>> ledger = PrivacyLedger()
+        >>> ledger.set_privacy_unit("user"); ledger.privacy_unit
+        'user'
+        """
+        if unit not in ("example", "user"):
+            raise ValueError(f"privacy unit must be 'example' or 'user', got {unit!r}")
+        if unit != self._unit and self._entries:
+            raise ValueError(f"this ledger holds a {self._unit}-level run ({self._steps} steps); resuming it at the "
+                             f"{unit} level would mix two guarantees: start a new run")
+        self._unit = unit
+
     # -- persistence --------------------------------------------------------
 
     def to_json(self) -> str:
@@ -244,6 +272,7 @@ class PrivacyLedger:
                            "version": _LEDGER_VERSION,
                            "steps": self._steps,
                            "void_reasons": list(self._void),
+                           "privacy_unit": self._unit,
                            "entries": entries}, sort_keys=True)
 
     @classmethod
@@ -267,6 +296,10 @@ class PrivacyLedger:
         if not isinstance(void, list) or not all(isinstance(r, str) and r.strip() for r in void):
             raise ValueError(f"void_reasons={void!r} must be a list of non-empty strings")
         ledger._void = list(void)
+        unit = data.get("privacy_unit", _DEFAULT_UNIT)
+        if unit not in ("example", "user"):
+            raise ValueError(f"privacy_unit={unit!r} must be 'example' or 'user'")
+        ledger._unit = unit
         for item in data.get("entries", []):
             event = event_from_dict(item.get("event"))
             count = _validate_int("count", item.get("count"), 1)
@@ -280,4 +313,4 @@ class PrivacyLedger:
         return (f"PrivacyLedger(steps={self._steps}, "
                 f"entries={self.entries!r}, "
                 f"not_private_reasons={self.not_private_reasons!r}, "
-                f"void_reasons={self.void_reasons!r})")
+                f"void_reasons={self.void_reasons!r}, privacy_unit={self._unit!r})")

@@ -392,6 +392,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                          "clipping rules then")
     settings, mechanism = _settings(privacy, config, accountant)
     options = SetupOptions(noise_seed=noise_seed, pre_training=tuple(pre_training), selection_counts=selection_counts,
+                           unit=privacy_unit,
                            not_private_reason=None if allow_coupled_loss is None
                            else f"coupled loss allowed: {allow_coupled_loss}",
                            table_optimizer=table_optimizer, dense_optimizer=dense_optimizer, registry=registry)

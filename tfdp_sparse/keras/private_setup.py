@@ -47,6 +47,7 @@ from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.calibration import calibrate, check_accountant, step_event_of
 from tfdp_sparse.mechanisms.plans.base import Plan
 from tfdp_sparse.mechanisms.tables import table_infos
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -98,6 +99,7 @@ class SetupOptions:
       registry: clipping rules (default: the toolkit's).
       attach: give the model its clipping rules (False for backends that clip elsewhere).
       predraw_dense_noise: draw dense-layer noise before the rule runs (speed only; :class:`DPOptimizer`).
+      unit: the privacy unit, recorded in the ledger (a resumed ledger of another unit is refused).
     """
 
     noise_seed: Optional[int] = None
@@ -112,6 +114,7 @@ class SetupOptions:
     registry: Optional[LayerRegistry] = None
     attach: bool = True
     predraw_dense_noise: bool = False
+    unit: PrivacyUnitConfig = PrivacyUnitConfig()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +289,7 @@ def prepare_private(model: tf.keras.Model, privacy: PrivacyConfig, shape: RunSha
     if options.attach:
         optimizer.attach(model, options.registry)
     ledger = options.resume.ledger if options.resume is not None else open_ledger(optimizer.mechanism, options)
+    ledger.set_privacy_unit(options.unit.unit.value)
     noise = optimizer.mechanism.noise_source
     if noise.not_private_reason:
         ledger.record_void(noise.not_private_reason)

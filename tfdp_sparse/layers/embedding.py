@@ -19,9 +19,8 @@ Inputs:
 Mechanisms that must act on rows *before* they are read (LazyDP catches up
 pending noise) register a read hook with :meth:`DPEmbedding.add_read_hook`;
 it is called with the batch's unique ids while training and may return an
-op to wait for, the rows it read itself (:class:`ShardRows`, sharded tables)
-or a :class:`RowCorrection` to subtract from the rows read (LazyDP on a whole
-table: the table is then written once, by the update). Hooks registered
+op to wait for, or the rows it read itself (:class:`ShardRows`, sharded
+tables). Hooks registered
 with :meth:`DPEmbedding.add_inference_hook` run before reads outside
 training (``training`` falsy: evaluation, ``predict``, serving), e.g. to
 apply all pending noise before a model is evaluated or exported. Dense reads
@@ -62,26 +61,6 @@ class ShardRows:
     """
 
     parts: list
-
-
-@dataclasses.dataclass(frozen=True)
-class RowCorrection:
-    """What a training read hook of a whole table may return instead of an op: values to subtract.
-
-    ``values[j]`` is subtracted from the row of the ``j``-th unique id the hook was given,
-    as the layer reads it; the table itself is not written. LazyDP's catch-up on the Keras
-    path: the owed noise is carried to the step's update, which writes each read row once
-    (:mod:`tfdp_sparse.mechanisms.lazydp_catchup`).
-    """
-
-    values: tf.Tensor
-
-
-def _corrections(ops: list) -> tuple[Optional[tf.Tensor], list]:
-    """``(sum of the RowCorrection values or None, the other ops)`` of hooks' returns."""
-    values = [op.values for op in ops if isinstance(op, RowCorrection)]
-    others = [op for op in ops if not isinstance(op, RowCorrection)]
-    return (tf.add_n(values) if values else None), others
 
 
 class DPEmbedding(tf.keras.layers.Layer):
@@ -186,7 +165,11 @@ class DPEmbedding(tf.keras.layers.Layer):
             checks.append(tf.debugging.assert_non_negative(ids, message=f"{self.name}: negative id in read_rows"))
         if is_sharded(self.embeddings):
             return self._sharded_read(ids, tf.ones_like(ids, tf.bool), checks, training)
-        return self._whole_read(ids, tf.ones_like(ids, tf.bool), checks, training)
+        if self._hooks(training):
+            with tf.control_dependencies(checks):
+                checks += self._run_hooks(tf.unique(ids)[0], training)
+        with tf.control_dependencies(checks):
+            return tf.nn.embedding_lookup(self.embeddings, ids)
 
     def read_table(self, training=None) -> tf.Tensor:
         """The whole table ``[V, d]``, read like a lookup of every row (hooks run first).
@@ -208,10 +191,9 @@ class DPEmbedding(tf.keras.layers.Layer):
         """
         if not self.built:
             raise ValueError(f"{self.name}: read_table needs a built layer (call it on a batch first)")
-        correction, ops = _corrections(self._run_hooks(tf.range(self.vocab_size, dtype=tf.int64), training))
+        ops = self._run_hooks(tf.range(self.vocab_size, dtype=tf.int64), training)
         with tf.control_dependencies(ops):
-            table = tf.convert_to_tensor(self.embeddings)  # a ShardedVariable has no read_value
-        return table if correction is None else table - correction
+            return tf.convert_to_tensor(self.embeddings)  # a ShardedVariable has no read_value
 
     def get_weights(self):
         """``[table]`` as NumPy, read through :meth:`read_table` (pending noise applied first)."""
@@ -256,27 +238,12 @@ class DPEmbedding(tf.keras.layers.Layer):
         valid = ids >= 0
         if is_sharded(self.embeddings):
             return ids, self._sharded_read(ids, valid, checks, training)
-        return ids, self._whole_read(ids, valid, checks, training)
-
-    def _whole_read(self, ids: tf.Tensor, valid: tf.Tensor, checks: list, training) -> tf.Tensor:
-        """Rows ``[..., d]`` of ``ids`` from an unsharded table (one ``ResourceGather``), hooks first.
-
-        A hook's :class:`RowCorrection` (per unique valid id) is subtracted from the rows read;
-        padding (``valid`` false) reads row 0, which pooling then ignores.
-        """
         safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
-        correction = None
         if self._hooks(training):
-            unique, index = tf.unique(tf.boolean_mask(ids, valid))
-            with tf.control_dependencies(checks):
-                correction, ops = _corrections(self._run_hooks(unique, training))
-            checks = checks + ops
+            checks += self._run_hooks(tf.unique(tf.boolean_mask(ids, valid))[0], training)
         with tf.control_dependencies(checks):
-            rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)  # ResourceGather [..., d]
-        if correction is None:
-            return rows
-        shape = tf.concat([tf.shape(ids, out_type=tf.int64), [self.dim]], 0)
-        return rows - tf.scatter_nd(tf.where(valid), tf.gather(correction, index), shape)
+            rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)  # ResourceGather [B, L, d]
+        return ids, rows
 
     def _sharded_read(self, ids: tf.Tensor, valid: tf.Tensor, checks: list, training) -> tf.Tensor:
         """Rows ``[..., d]`` of ``ids`` from a sharded table: each unique valid row read once, in id order.

@@ -40,13 +40,11 @@ Example::
 
 from __future__ import annotations
 
-from typing import Optional
-
 import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded
 from tfdp_sparse.mechanisms.adafest_plus import to_domain_positions
-from tfdp_sparse.mechanisms.base import StepGrads
+from tfdp_sparse.mechanisms.base import StepGrads, sum_duplicates
 from tfdp_sparse.mechanisms.dpfest import DPFESTRule
 from tfdp_sparse.mechanisms.lazydp import LazyDP
 from tfdp_sparse.mechanisms.lazydp_catchup import _no_autograph
@@ -113,10 +111,10 @@ class LazyDPFEST(DPFESTRule, LazyDP):
                 out.append(tf.identity(ids))
         return out
 
-    def _rows_to_noise(self, grad: Optional[tf.IndexedSlices], domain: tf.Tensor,
-                       width: int) -> tuple[tf.Tensor, tf.Tensor]:
+    def _rows_to_noise(self, grad: tf.IndexedSlices, domain: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """The touched *kept* rows and their summed gradients (other rows' gradients are dropped)."""
-        ids, summed = LazyDP._rows_to_noise(self, grad, None, width)
+        ids, summed = sum_duplicates(grad)
+        ids = tf.cast(ids, tf.int64)
         kept = to_domain_positions(ids, domain) >= 0
         return tf.boolean_mask(ids, kept), tf.boolean_mask(summed, kept)
 
@@ -128,8 +126,7 @@ class LazyDPFEST(DPFESTRule, LazyDP):
             return tf.no_op()  # no kept set, so no step has run: nothing is owed
         kept = self.selection.kept_of(table)
         k = tf.cast(opt.iterations, tf.int32)
-        carried = self._flush_carry(i)
-        with tf.control_dependencies([self._mark_outside_kept(i, kept)] + ([carried] if carried is not None else [])):
+        with tf.control_dependencies([self._mark_outside_kept(i, kept)]):
             last = history_rows(history, kept)
         noise = self._deferred_noise(last, k, tf.stack([tf.size(kept), int(table.shape[1])]), self._scale(opt))
         written = table.scatter_sub(tf.IndexedSlices(noise, kept, tf.constant(table.shape.as_list(), tf.int64)))

@@ -78,7 +78,6 @@ from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, St
 from tfdp_sparse.mechanisms.binding import bound_mechanisms  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.lazydp_binding import LazyBinding, _Tables
-from tfdp_sparse.mechanisms.lazydp_carry import LazyCarry
 from tfdp_sparse.mechanisms.lazydp_catchup import LazyCatchUp, _no_autograph, _refuse_xla
 from tfdp_sparse.mechanisms.lazydp_replicas import LazyReplicas
 from tfdp_sparse.mechanisms.lazydp_sharded import LazySharded
@@ -88,7 +87,7 @@ from tfdp_sparse.mechanisms.plans.lazydp import KNOBS, LazyDPPlan, parse_bool, p
 _INITIAL_STEPS = 1024
 
 
-class LazyDP(LazyBinding, LazyCatchUp, LazyCarry, LazySharded, LazyReplicas, Mechanism):
+class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
     """DP-SGD with lazily applied, aggregated noise on embedding tables.
 
     Args:
@@ -129,8 +128,6 @@ class LazyDP(LazyBinding, LazyCatchUp, LazyCarry, LazySharded, LazyReplicas, Mec
         self._server_generators: list = []  # catch-up generators, one on each server holding a shard
         self._generator_devices: list[str] = []
         self._flushed_at: list[tf.Variable] = []
-        self._carry_ids: list = []  # per table: owed noise drawn at read, waiting for the update (None: sharded)
-        self._carry_noise: list = []
         self._tables = _Tables()
 
     def generators(self) -> list:
@@ -170,35 +167,30 @@ class LazyDP(LazyBinding, LazyCatchUp, LazyCarry, LazySharded, LazyReplicas, Mec
                 if table:
                     count += int(var.shape.num_elements())
                 continue
-            if grad is None and not self._has_carry(i):  # not read this step: every row's noise is deferred
+            if grad is None:  # not read this step: every row's noise is deferred
                 out.append(None)
                 continue
-            if grad is not None and not isinstance(grad, tf.IndexedSlices):
+            if not isinstance(grad, tf.IndexedSlices):
                 raise TypeError(f"LazyDP expects IndexedSlices for table {var.name!r}, got {type(grad).__name__}")
-            ids, summed = self._rows_to_noise(grad, domain, int(var.shape[1]))
+            ids, summed = self._rows_to_noise(grad, domain)
             noised = summed + self.gaussian_noise(tf.shape(summed), stddev)
-            count += tf.cast(tf.size(ids), tf.int64) * int(var.shape[1])
             if not is_sharded(var):  # sharded: ShardedDPOptimizer calls mark_shard_rows with its update
                 with tf.control_dependencies([recorded]):
                     self._histories[i].scatter_update(tf.IndexedSlices(tf.fill(tf.shape(ids), now), ids))
-            if self._has_carry(i):  # the read rows' owed noise joins this update (:mod:`.lazydp_carry`)
-                ids, noised = self._take_carry(i, var, ids, noised, opt)
-            out.append(tf.IndexedSlices(noised, ids, tf.constant(var.shape.as_list(), tf.int64)))
+            out.append(tf.IndexedSlices(noised, ids, grad.dense_shape))
+            count += tf.cast(tf.size(ids), tf.int64) * int(var.shape[1])
         return NoisedGradients(out, count)
 
     def _noised_domains(self, step: StepGrads) -> list:
         """Per variable, what :meth:`_rows_to_noise` restricts a table's rows to (LazyDP: nothing)."""
         return [None] * len(step.variables)
 
-    def _rows_to_noise(self, grad: Optional[tf.IndexedSlices], domain, width: int) -> tuple[tf.Tensor, tf.Tensor]:
+    def _rows_to_noise(self, grad: tf.IndexedSlices, domain) -> tuple[tf.Tensor, tf.Tensor]:
         """``(unique int64 ids, summed rows)`` of a table gradient that this step noises and applies.
 
         LazyDP: every touched row (``domain`` is ``None``); DP-FEST's lazy rule keeps its kept rows.
-        No gradient (rows read under ``stop_gradient`` only): no rows.
         """
         del domain
-        if grad is None:
-            return tf.zeros([0], tf.int64), tf.zeros([0, width], tf.float32)
         ids, summed = sum_duplicates(grad)
         return tf.cast(ids, tf.int64), summed
 

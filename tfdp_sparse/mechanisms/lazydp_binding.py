@@ -175,7 +175,6 @@ class LazyBinding:
         self._tables.names.append(layer.name)
         self._histories.append(history)
         self._flushed_at.append(flushed_at)
-        self._new_carry(table, f"{layer.name}_lazydp")
         layer.add_read_hook(self._catch_up_hook, owner=self)
         layer.add_inference_hook(self._inference_hook, owner=self)
 

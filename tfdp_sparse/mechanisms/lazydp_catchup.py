@@ -154,7 +154,7 @@ class LazyCatchUp:
     def _table_pending(self, i: int, opt) -> tf.Tensor:
         """Exact: some row of table ``i`` is behind ``optimizer.iterations``."""
         k = tf.cast(opt.iterations, tf.int32)
-        return tf.logical_or(tf.reduce_min(self._histories[i]) < k, self._carry_pending(i))
+        return tf.reduce_min(self._histories[i]) < k
 
     def _refuse_export_if_pending(self, i: int) -> None:
         opt = self._optimizer()
@@ -203,8 +203,6 @@ class LazyCatchUp:
             if shard_ids is None:  # the caller reads the rows itself, after the writes
                 return self._server_catch_up(i, table, split_ids(unique_ids, table), opt)[1]
             return self._server_catch_up(i, table, shard_ids, opt)[0]  # the layer's read: rows less owed noise
-        if self._has_carry(i):  # whole table: the noise joins the step's update (:mod:`.lazydp_carry`)
-            return self._carry_catch_up(i, table, unique_ids, opt)
         ids, noise = self.owed_rows(table, unique_ids, opt.iterations)
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
         return table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
@@ -240,7 +238,7 @@ class LazyCatchUp:
         if target is None:
             return None
         i, opt = target
-        maybe_pending = tf.logical_or(self._flushed_at[i] < tf.cast(opt.iterations, tf.int64), self._carry_pending(i))
+        maybe_pending = self._flushed_at[i] < tf.cast(opt.iterations, tf.int64)
 
         def flush():
             with tf.control_dependencies([self._flush_table(i, opt)]):
@@ -262,8 +260,7 @@ class LazyCatchUp:
         rows, width = int(table.shape[0]), int(table.shape[1])
         block = max(1, _FLUSH_BLOCK_VALUES // width)
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
-        carried = self._flush_carry(i)
-        ops = [] if carried is None else [carried]
+        ops = []
         for start in range(0, rows, block):
             stop = min(rows, start + block)
             with tf.control_dependencies(ops[-1:]):
@@ -304,13 +301,12 @@ class LazyCatchUp:
         """``{table name: number of rows that owe noise}`` (for messages and tests)."""
         opt = self._optimizer()
         out = {}
-        for i, (name, history) in enumerate(zip(self._tables.names, self._histories)):
+        for name, history in zip(self._tables.names, self._histories):
             if opt is None or self.noise_multiplier == 0:
                 out[name] = 0
             else:
                 k = tf.cast(opt.iterations, tf.int32)
-                carried = int(self._carry_ids[i].read_value().shape[0]) if self._has_carry(i) else 0
-                out[name] = int(tf.reduce_sum(tf.cast(history < k, tf.int64)).numpy()) + carried
+                out[name] = int(tf.reduce_sum(tf.cast(history < k, tf.int64)).numpy())
         return out
 
     @_no_autograph
@@ -323,11 +319,9 @@ class LazyCatchUp:
         """
         for cum in [self.lr_sq_cumsum, *self._rate_copies]:
             cum.assign(tf.zeros_like(cum))
-        for i, (history, flushed_at) in enumerate(zip(self._histories, self._flushed_at)):
+        for history, flushed_at in zip(self._histories, self._flushed_at):
             history.assign(tf.zeros(history.shape, history.dtype))
             flushed_at.assign(tf.zeros_like(flushed_at))
-            if self._has_carry(i):
-                self._empty_carry(i)
 
     def _check_consistent(self, opt) -> None:
         if not tf.executing_eagerly():

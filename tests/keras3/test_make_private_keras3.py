@@ -77,10 +77,12 @@ def test_tables_update_sparsely():
     table = model.get_layer("table").embeddings
     before = table.numpy().copy()
     x, y = data()
-    private = _private(model, dp(sigma=1.0, algorithm="eana"), steps=1, num_examples=N)
+    # B = 4: a Poisson batch of ~4 examples x 3 ids touches ~12 of the 50 rows (at B = 64 all 50 rows are
+    # touched about a third of the time, which made this check flaky).
+    private = _private(model, dp(sigma=1.0, algorithm="eana"), steps=1, num_examples=N, batch_size=4)
     private.fit(x, y, verbose=0)
     moved = np.flatnonzero(np.abs(table.numpy() - before).max(axis=1) > 0)
-    assert 0 < moved.size < VOCAB  # Poisson batch of ~64 examples x 3 ids from 50: most rows, not all
+    assert moved.size < VOCAB  # only looked-up rows move (P(all 50 rows in a ~4-example batch) is negligible)
     assert private.dp_optimizer.last_embedding_values.numpy() == moved.size * DIM
 
 

@@ -90,11 +90,12 @@ class DPFESTPlan(NoisePlan):
 
     def make_rule(self, seed: Optional[int] = None):
         from tfdp_sparse.mechanisms.bucket_selection import BucketSelection
-        from tfdp_sparse.mechanisms.dpfest import DPFEST
-        from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST
 
         selection = BucketSelection.from_settings(self.selection, seed=seed)
-        rule = LazyDPFEST if self.kept_noise is KeptNoise.LAZY else DPFEST
+        if self.kept_noise is KeptNoise.LAZY:  # imported only when asked: LazyDP's hooks need tf-keras layers
+            from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST as rule
+        else:
+            from tfdp_sparse.mechanisms.dpfest import DPFEST as rule
         return rule(self.noise_multiplier, self.l2_norm_clip, selection=selection, seed=seed)
 
 

@@ -102,17 +102,41 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
         self.stop_reason: Optional[str] = None
         self._planned_steps: Optional[int] = None
         self._warned = False
+        self._checked_allowed: Optional[tuple] = None
 
     def plan(self, num_steps: Optional[int]) -> None:
         """The number of steps the coming ``fit`` feeds (``None``: unknown, a user dataset)."""
         self._planned_steps = num_steps
+
+    def budget_spent(self) -> bool:
+        """True when not one more step fits the target ε: ``fit`` then runs no step (see :meth:`empty_history`).
+
+        Keras runs a step before it reads ``stop_training``, so a callback
+        alone cannot keep a repeated ``fit`` from one step past the budget.
+        """
+        self.ledger = sync_ledger(self.state, self.ledger, self.charge)
+        allowed = self._allowed()
+        self._checked_allowed = (self.ledger.steps, allowed)  # on_train_begin reuses it: no second search
+        return allowed is not None and allowed <= self.ledger.steps
+
+    def empty_history(self, model) -> tf.keras.callbacks.History:
+        """The ``History`` of a ``fit`` that ran no step because the budget is spent (reason logged and kept)."""
+        self.allowed_steps = self.ledger.steps
+        self.stop_reason = (
+            f"privacy budget: after {self.ledger.steps} steps one more step would exceed target_epsilon="
+            f"{self.charge.target_epsilon} at delta={self.charge.delta:.3g}; fit ran no step")
+        log.warning("%s", self.stop_reason)
+        history = tf.keras.callbacks.History()
+        history.set_model(model)
+        return history
 
     def on_train_begin(self, logs=None):
         self.state.check_unit()
         self.mechanism.refresh_noise()  # a restored or repeated fit never reuses generator state
         self.ledger = sync_ledger(self.state, self.ledger, self.charge)
         self.stop_reason = None
-        self.allowed_steps = self._allowed()
+        checked, self._checked_allowed = self._checked_allowed, None
+        self.allowed_steps = checked[1] if checked is not None and checked[0] == self.ledger.steps else self._allowed()
         if self._planned_steps is not None and self.allowed_steps is not None:
             if self.allowed_steps >= self.ledger.steps + self._planned_steps:
                 self.allowed_steps = None  # the whole plan fits the budget: nothing to stop

@@ -48,6 +48,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data.sampling import ArrayGather, PoissonSampler, sampled_batch_dataset
 from tfdp_sparse.keras.coupling import check_no_coupling
 from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.keras.per_example_loss import per_example_loss_fn
 from tfdp_sparse.keras.private_config import PrivateFitConfig
 from tfdp_sparse.keras.private_setup import RunShape, SelectionCounts, SetupOptions, prepare_private
 from tfdp_sparse.accounting.releases import PreTrainingRelease
@@ -85,23 +86,6 @@ def _is_tfrs_model(model: tf.keras.Model) -> bool:
     """True for a ``tfrs.Model`` (trained through its ``compute_loss(inputs, training)``)."""
     tfrs = sys.modules.get("tensorflow_recommenders")
     return tfrs is not None and isinstance(model, tfrs.Model)
-
-
-def per_example_loss_fn(loss) -> Optional[Any]:
-    """``(y, pred) -> [B]`` from a Keras loss object, a loss name, or a function (``None`` stays ``None``).
-
-    A ``tf.keras.losses.Loss`` is used without its reduction (its ``call``),
-    so ``BinaryCrossentropy(from_logits=True)`` works as written.
-    """
-    if loss is None:
-        return None
-    if isinstance(loss, str):
-        loss = tf.keras.losses.get(loss)
-    if isinstance(loss, tf.keras.losses.Loss):
-        return loss.call
-    if not callable(loss):
-        raise TypeError(f"loss must be a Keras loss, a loss name or a callable (y, pred) -> [B], got {loss!r}")
-    return loss
 
 
 class PrivateModel(tf.keras.Model):
@@ -203,11 +187,18 @@ class PrivateModel(tf.keras.Model):
             if kwargs.get(key) is not None:
                 raise ValueError(f"fit({key}=...) is not supported on a private model: batches are Poisson samples "
                                  "of expected size make_private(batch_size=...), one epoch is round(N/B) steps")
+        if kwargs.get("validation_split"):
+            raise ValueError("fit(validation_split=...) is not supported on a private model: N, and so the sampling "
+                             "rate and epsilon, is make_private(num_examples=...); split the data yourself and pass "
+                             "fit(x_train, y_train, validation_data=(x_val, y_val))")
         self._check_optimizer()
+        x = _tuples(x)
         spe = self.config.steps if self.config.steps is not None else self.config.steps_per_epoch
         epochs = epochs if epochs is not None else (self.config.epochs or 1)
         dataset = self._batches(x, y, (epochs - initial_epoch) * spe, user_ids)
         self.privacy_callback.plan(None if dataset is None else (epochs - initial_epoch) * spe)
+        if self.privacy_callback.budget_spent():
+            return self.privacy_callback.empty_history(self)  # not one more step fits the target epsilon
         verbose = 1 if verbose == "auto" else verbose
         cbs = tf.keras.callbacks.CallbackList(
             [self.privacy_callback] + ([tf.keras.callbacks.ProgbarLogger(count_mode="steps")] if verbose else [])
@@ -216,6 +207,12 @@ class PrivateModel(tf.keras.Model):
             steps=spe if dataset is not None else None)
         return super().fit(dataset if dataset is not None else x, epochs=epochs, callbacks=cbs, verbose=verbose,
                            initial_epoch=initial_epoch, steps_per_epoch=spe if dataset is not None else None, **kwargs)
+
+    def train_on_batch(self, *args, **kwargs):
+        """Refused: a batch chosen by the caller is no Poisson sample, so no epsilon would hold for it."""
+        raise ValueError("train_on_batch is not supported on a private model: epsilon assumes Poisson batches with "
+                         "secret membership, which fit draws; use fit, or tfdp_sparse.keras.step.PrivateStep with "
+                         "your own Poisson sampler (tfdp_sparse.data.sampling.PoissonSampler)")
 
     def _check_optimizer(self) -> None:
         compiled = self.optimizer
@@ -335,6 +332,15 @@ class PrivateModel(tf.keras.Model):
         if reasons:
             out["not_private_reasons"] = reasons
         return out
+
+
+def _tuples(x):
+    """``x`` with lists turned into tuples, recursively (a multi-input model's ``[x1, x2]``, as Keras accepts)."""
+    if isinstance(x, list):
+        return tuple(_tuples(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _tuples(v) for k, v in x.items()}
+    return x
 
 
 def _outside_guarantee(model) -> tuple:

@@ -1,0 +1,81 @@
+"""What practitioners do with ``fit`` that Keras allows and a private model must refuse or get right.
+
+* a second ``fit`` after the budget is spent runs no step (Keras runs a step
+  before it reads ``stop_training``; before the fix it went one step past
+  the target);
+* ``train_on_batch`` (a batch chosen by the caller) and ``validation_split``
+  (which changes N) are refused by name;
+* a multi-input model's list of arrays trains as Keras accepts it.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdp_sparse.config import PrivacyConfig
+from tfdp_sparse.keras import make_private
+
+N = 256
+
+
+def _data():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(N, 4)).astype(np.float32)
+    return x, (x[:, 0] > 0).astype(np.float32)
+
+
+def _private(model=None, target=2.0, epochs=1):
+    x, _ = _data()
+    if model is None:
+        model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+        model(x[:2])
+    private = make_private(model, PrivacyConfig(algorithm="dpsgd", target_epsilon=target, l2_norm_clip=1.0),
+                           num_examples=N, batch_size=32, epochs=epochs, learning_rate=0.1,
+                           loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    private.compile()
+    return private
+
+
+def test_a_repeated_fit_never_passes_the_target():
+    x, y = _data()
+    private = _private()
+    private.fit(x, y, verbose=0)
+    spent = private.report()
+    assert spent["epsilon"] <= 2.0
+    history = private.fit(x, y, verbose=0)
+    after = private.report()
+    assert after["steps"] == spent["steps"], "a fit with no budget left ran a step"
+    assert after["epsilon"] == pytest.approx(spent["epsilon"]) and after["epsilon"] <= 2.0
+    assert "fit ran no step" in after["stop_reason"]
+    assert history.history == {}
+
+
+def test_a_longer_fit_stops_at_the_target():
+    x, y = _data()
+    private = _private()
+    private.fit(x, y, epochs=6, verbose=0)
+    report = private.report()
+    assert report["epsilon"] <= 2.0
+    assert report["steps"] < 6 * 8 and report["stop_reason"]
+
+
+def test_train_on_batch_is_refused():
+    x, y = _data()
+    with pytest.raises(ValueError, match="train_on_batch is not supported"):
+        _private().train_on_batch(x[:32], y[:32])
+
+
+def test_validation_split_is_refused_and_validation_data_works():
+    x, y = _data()
+    private = _private()
+    with pytest.raises(ValueError, match="validation_split"):
+        private.fit(x, y, validation_split=0.2, verbose=0)
+    history = private.fit(x, y, validation_data=(x[:64], y[:64]), verbose=0)
+    assert {"val_loss", "epsilon"} <= set(history.history)
+
+
+def test_a_list_of_inputs_trains_like_keras():
+    x, y = _data()
+    a, b = tf.keras.Input((4,)), tf.keras.Input((4,))
+    model = tf.keras.Model([a, b], tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([a, b])))
+    history = _private(model).fit([x, x[::-1].copy()], y, verbose=0)
+    assert np.isfinite(history.history["epsilon"][-1])

@@ -1,0 +1,88 @@
+"""The per-example loss ``(y, pred) -> [B]`` that clipping needs, from what a practitioner passes as ``loss``.
+
+Keras reduces a loss to one number per batch, so shapes that Keras forgives
+can silently mix examples once the reduction is removed. The usual case is a
+binary model with labels ``y`` of shape ``[B]`` and logits of shape ``[B, 1]``:
+
+* tf-keras' ``Loss.call`` squeezes the logits to ``[B]`` and then averages
+  over the last axis, the *batch* axis: one number for the whole batch;
+* a loss *function* (``"binary_crossentropy"``) broadcasts ``[B]`` against
+  ``[B, 1]`` to ``[B, B]``: every example's loss then depends on every
+  label in the batch.
+
+:func:`per_example_loss_fn` aligns the labels first (``[B] -> [B, 1]`` when
+the predictions end in a single unit, as Keras 3 does), and averages any
+axes left after the batch axis (a sequence loss ``[B, T]``), the way
+Keras' own mean reduction weighs them. Everything else is passed unchanged.
+
+Example::
+
+    fn = per_example_loss_fn(tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    fn(tf.constant([0., 1.]), tf.constant([[0.3], [-1.2]]))   # shape [2], one loss per example
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+
+PerExampleLoss = Callable[[Any, Any], tf.Tensor]
+
+
+def align_labels(y, predictions):
+    """``y`` expanded to ``[B, 1]`` when it is ``[B]`` and ``predictions`` is ``[B, 1]``; else ``y`` as given.
+
+    Only single tensors of known rank are touched (dicts, ragged labels and
+    unknown ranks pass through), and only when the predictions' last axis is
+    statically 1: ``SparseCategoricalCrossentropy``'s ``[B]`` labels against
+    ``[B, C]`` logits stay as they are.
+
+    Example: ``align_labels(tf.zeros([4]), tf.zeros([4, 1])).shape`` is ``[4, 1]``.
+    """
+    if not isinstance(predictions, tf.Tensor) or isinstance(y, (dict, list, tuple)) or y is None:
+        return y
+    if isinstance(y, (tf.RaggedTensor, tf.SparseTensor)):
+        return y
+    y = tf.convert_to_tensor(y)
+    pred_rank, y_rank = predictions.shape.rank, y.shape.rank
+    if pred_rank is None or y_rank is None or y_rank != pred_rank - 1 or predictions.shape[-1] != 1:
+        return y
+    return tf.expand_dims(y, -1)
+
+
+def per_example_mean(losses: tf.Tensor) -> tf.Tensor:
+    """``losses`` averaged over every axis after the first (``[B, T] -> [B]``); ``[B]`` and scalars unchanged."""
+    rank = losses.shape.rank
+    if rank is None or rank <= 1:
+        return losses
+    return tf.reduce_mean(losses, axis=list(range(1, rank)))
+
+
+def _unreduced(loss) -> PerExampleLoss:
+    if isinstance(loss, str):
+        loss = tf.keras.losses.get(loss)
+    if isinstance(loss, tf.keras.losses.Loss):
+        return loss.call  # the loss without its reduction
+    if not callable(loss):
+        raise TypeError(f"loss must be a Keras loss, a loss name or a callable (y, pred) -> [B], got {loss!r}")
+    return loss
+
+
+def per_example_loss_fn(loss) -> Optional[PerExampleLoss]:
+    """``(y, pred) -> [B]`` from a Keras loss object, a loss name, or a function (``None`` stays ``None``).
+
+    A ``tf.keras.losses.Loss`` is used without its reduction (its ``call``);
+    labels are aligned to the predictions first (:func:`align_labels`) and
+    extra axes averaged per example (:func:`per_example_mean`). A loss that
+    still returns one number per batch is refused later, with its shape, by
+    the step's shape check (:mod:`tfdp_sparse.keras.coupling`).
+    """
+    if loss is None:
+        return None
+    unreduced = _unreduced(loss)
+
+    def per_example(y, predictions) -> tf.Tensor:
+        return per_example_mean(unreduced(align_labels(y, predictions), predictions))
+
+    return per_example

@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Optional
+
 import keras
 import keras_rs
 import numpy as np
@@ -43,10 +45,11 @@ def _head(a, b, c) -> keras.KerasTensor:
     return keras.layers.Dense(1, name="out")(keras.layers.Dense(8, activation="tanh", name="hidden")(h))
 
 
-def keras_rs_model(placement: str = "default_device") -> keras.Model:
-    """``DistributedEmbedding`` (tables ``t1`` mean, ``t2`` sum) and a Dense head."""
+def keras_rs_model(layer: Optional[keras_rs.layers.DistributedEmbedding] = None) -> keras.Model:
+    """``layer`` (default: a ``DistributedEmbedding`` of :func:`feature_configs`, named ``rs``) and a Dense head."""
     ins = _inputs()
-    out = keras_rs.layers.DistributedEmbedding(feature_configs(placement), name="rs")(ins)
+    layer = layer if layer is not None else keras_rs.layers.DistributedEmbedding(feature_configs(), name="rs")
+    out = layer(ins)
     return keras.Model(ins, _head(out["a"], out["b"], out["c"]))
 
 

@@ -7,6 +7,7 @@
   at most C when one example is added, and by at least 0.99 C for an example
   whose gradient is far above C.
 * Updates are sparse (EANA, DP-AdaFEST): rows no example looks up stay unchanged.
+* DP-SGD's noise reaches a keras-rs table with the reported σ (KS, ±1/3 rejected).
 * Refused by name: SparseCore placement / gradient trap, LazyDP, ragged
   inputs, out-of-range ids.
 """
@@ -218,3 +219,21 @@ def test_out_of_range_ids_are_refused_by_name():
             model({k: tf.constant(v) for k, v in x.items()}, training=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match=rf"\[0, {m.V2}\)"):
         _train(model, "dpsgd", x=x, y=y, steps=1)
+
+
+def test_noise_of_the_reported_sigma_reaches_the_keras_rs_table():
+    """Zero loss gradients: DP-SGD's update of the table is pure noise, KS-tested against σ (and ±1/3 rejected)."""
+    from tests.test_make_private import _ks_update, _private, dp
+
+    table = keras_rs.layers.TableConfig(name="big", vocabulary_size=800, embedding_dim=4, placement="default_device")
+    layer = keras_rs.layers.DistributedEmbedding(
+        {"ids": keras_rs.layers.FeatureConfig(name="ids", table=table, input_shape=(None, 3), output_shape=(None, 4))},
+        name="rs")
+    ids = keras.Input((3,), dtype="int64", name="ids")
+    h = layer({"ids": ids})["ids"]
+    model = keras.Model({"ids": ids}, keras.layers.Dense(1, kernel_initializer="zeros", name="out")(
+        keras.ops.stop_gradient(h) * 0.0))
+    x = {"ids": np.random.default_rng(8).integers(0, 800, (512, 3))}
+    y = np.zeros((512, 1), np.float32)
+    private = _private(model, dp(sigma=2.0), steps=1, num_examples=512, batch_size=64)
+    _ks_update(private, [model.trainable_variables[0]], 2.0, 1.0, 0.1, x, y)

@@ -237,3 +237,14 @@ def test_noise_of_the_reported_sigma_reaches_the_keras_rs_table():
     y = np.zeros((512, 1), np.float32)
     private = _private(model, dp(sigma=2.0), steps=1, num_examples=512, batch_size=64)
     _ks_update(private, [model.trainable_variables[0]], 2.0, 1.0, 0.1, x, y)
+
+
+def test_preprocessed_inputs_are_refused_by_name():
+    model = m.keras_rs_model()
+    layer = model.get_layer("rs")
+    x = {k: tf.constant(v) for k, v in m.data(4)[0].items()}
+    preprocessed = layer.preprocess(x)
+    attach_taps(model)
+    with pytest.raises(UnsupportedLayerError, match="preprocessed inputs are not supported"):
+        with tf.GradientTape():
+            layer(preprocessed)

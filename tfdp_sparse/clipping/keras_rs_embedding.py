@@ -177,6 +177,20 @@ def _combine(rows: tf.Tensor, weights, combiner: str) -> tf.Tensor:
     return tf.math.divide_no_nan(summed, tf.sqrt(tf.reduce_sum(tf.square(w), axis=1, keepdims=True)))
 
 
+def _check_structure(layer_name: str, features: Any, inputs, weights) -> None:
+    """Refuses inputs (or weights) not shaped like the feature configs, e.g. ``layer.preprocess(...)``'s output."""
+    for what, value in (("inputs", inputs), ("weights", weights)):
+        if value is None:
+            continue
+        try:
+            keras.tree.assert_same_structure(features, value)
+        except (ValueError, TypeError) as error:
+            raise UnsupportedLayerError(
+                f"DistributedEmbedding {layer_name!r}: private training needs {what} with the structure of the "
+                f"feature configs (one dense tensor per feature; preprocessed inputs are not supported): {error}"
+            ) from None
+
+
 def distributed_embedding_rule(layer: keras.layers.Layer, recorder: taps.TapRecorder, call: Callable, inputs,
                                weights=None, training: bool = False):
     """``DistributedEmbedding``: each feature's gathered rows as an ``EmbeddingTap``, reduced as keras-rs does.
@@ -187,14 +201,10 @@ def distributed_embedding_rule(layer: keras.layers.Layer, recorder: taps.TapReco
         return call(inputs, weights, training=training)
     features = check_trainable_privately(layer)
     tables = layer.get_embedding_tables()  # {table name: tf.Variable} on the default device
+    _check_structure(layer.name, features, inputs, weights)
     flat_features = keras.tree.flatten(features)
     flat_inputs = keras.tree.flatten(inputs)
     flat_weights = keras.tree.flatten(weights) if weights is not None else [None] * len(flat_features)
-    if len(flat_inputs) != len(flat_features) or len(flat_weights) != len(flat_features):
-        raise UnsupportedLayerError(
-            f"DistributedEmbedding {layer.name!r}: private training needs one dense id tensor (and weight tensor, "
-            f"if any) per feature ({[f.name for f in flat_features]}), got {len(flat_inputs)} inputs (preprocessed "
-            "inputs are not supported)")
     outputs = []
     for feature, ids, feature_weights in zip(flat_features, flat_inputs, flat_weights):
         ids = _dense_ids(feature, ids, layer.name)

@@ -27,8 +27,10 @@ from tfdp_sparse.clipping.clip import clip_gradients
 from tfdp_sparse.clipping.coverage import UnsupportedLayerError
 from tfdp_sparse.clipping.registry import attach_taps, keras_3_registry
 from tfdp_sparse.clipping.taps import EmbeddingTap
+from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
+from tfdp_sparse.keras.keras_rs_support import refuse_unsupported_on_keras_rs
 from tfdp_sparse.keras_stack import tf_variables
 
 N, B, STEPS, SEED = 64, 16, 3, 7
@@ -191,9 +193,28 @@ def test_sparsecore_placement_off_tpu_is_refused_by_keras_rs_itself():
         keras_rs.layers.DistributedEmbedding(m.feature_configs(placement="sparsecore"))
 
 
-def test_lazydp_is_refused_by_name():
-    with pytest.raises(ValueError, match="LazyDP"):
-        _train(m.keras_rs_model(), "lazydp", extra=())
+DPFEST = (("k", 8), ("kept_ids", (tuple(range(0, m.V1, 4)), tuple(range(0, m.V2, 3)))))
+
+
+@pytest.mark.parametrize("algorithm,extra", [("lazydp", ()), ("dpfest", DPFEST)])
+def test_lazydp_and_dpfest_are_refused_by_name(algorithm, extra):
+    """``make_private`` refuses them today (LazyDP on Keras 3 as a whole; DP-FEST does not see the tables)."""
+    with pytest.raises(ValueError, match="LazyDP|not seen by bind_model|no embedding table"):
+        _train(m.keras_rs_model(), algorithm, extra=extra)
+
+
+@pytest.mark.parametrize("algorithm,extra,refused", [
+    ("lazydp", (), "LazyDP is not supported on keras-rs DistributedEmbedding tables \\('rs'\\): .* read hooks"),
+    ("dpfest", DPFEST, "DP-FEST is not supported on keras-rs DistributedEmbedding tables \\('rs'\\)"),
+    ("dpsgd", (), None), ("eana", (), None), ("adafest", ALGORITHMS["adafest"], None)])
+def test_the_keras_rs_mechanism_check_names_the_mechanism_and_the_reason(algorithm, extra, refused):
+    plan = mechanisms.plan(PrivacyConfig(algorithm=algorithm, noise_multiplier=1.0, l2_norm_clip=1.0, extra=extra))
+    refuse_unsupported_on_keras_rs(plan, m.reference_model())  # no keras-rs layer: nothing to refuse
+    if refused is None:
+        refuse_unsupported_on_keras_rs(plan, m.keras_rs_model())
+        return
+    with pytest.raises(ValueError, match=refused):
+        refuse_unsupported_on_keras_rs(plan, m.keras_rs_model())
 
 
 def test_ragged_inputs_are_refused_by_name():

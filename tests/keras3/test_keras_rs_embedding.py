@@ -269,3 +269,28 @@ def test_preprocessed_inputs_are_refused_by_name():
     with pytest.raises(UnsupportedLayerError, match="preprocessed inputs are not supported"):
         with tf.GradientTape():
             layer(preprocessed)
+
+
+class _Weighted(keras.Model):
+    """A ``DistributedEmbedding`` called with per-id weights (``sqrtn`` table, ids repeat) and a Dense head."""
+
+    def __init__(self):
+        super().__init__(name="weighted")
+        table = keras_rs.layers.TableConfig(name="t", vocabulary_size=6, embedding_dim=3, combiner="sqrtn",
+                                            placement="default_device")
+        self.rs = keras_rs.layers.DistributedEmbedding(
+            keras_rs.layers.FeatureConfig(name="f", table=table, input_shape=(None, 5), output_shape=(None, 3)))
+        self.out = keras.layers.Dense(2, activation="tanh")
+
+    def call(self, x):
+        return self.out(self.rs(x["ids"], x["w"]))
+
+
+def test_weighted_clipping_equals_brute_force():
+    with clip_reference.float64():
+        model = _Weighted()
+        rng = np.random.default_rng(9)
+        x = {"ids": tf.constant(rng.integers(0, 6, (5, 5))), "w": tf.constant(rng.uniform(0.1, 2.0, (5, 5)))}
+        y = tf.constant(rng.normal(size=(5, 2)))
+        model(x)
+        clip_reference.check(model, x, y, clip_norm=1e-3)

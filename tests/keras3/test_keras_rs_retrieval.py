@@ -69,3 +69,10 @@ def test_ties_go_to_the_lower_id():
 def test_bad_inputs_are_refused(labels, ks, match):
     with pytest.raises(ValueError, match=match):
         recall_at_k(np.ones((1, 2)), np.ones((4, 2)), labels, ks=ks)
+
+
+def test_bad_shapes_and_exclusions_are_refused():
+    with pytest.raises(ValueError, match=r"queries must be \[N, d\]"):
+        recall_at_k(np.ones((1, 3)), np.ones((4, 2)), np.array([1]), ks=(1,))
+    with pytest.raises(ValueError, match="exclude must hold row ids"):
+        recall_at_k(np.ones((1, 2)), np.ones((4, 2)), np.array([1]), ks=(1,), exclude=(7,))

@@ -131,8 +131,9 @@ def placement_refusal(features: Sequence[Feature], weight_names: Sequence[str], 
         return f"the layer holds keras-rs's SparseCore gradient-trap variable {GRADIENT_TRAP_NAME!r}: {_WHY_SPARSECORE}"
     for feature in features:
         if feature.placement == "sparsecore" or (feature.placement == "auto" and on_sparsecore):
+            available = ", SparseCore available" if on_sparsecore else ""
             return (f"feature {feature.name!r}: table {feature.table!r} is placed on SparseCore "
-                    f"(placement={feature.placement!r}{', SparseCore available' * on_sparsecore}): {_WHY_SPARSECORE}")
+                    f"(placement={feature.placement!r}{available}): {_WHY_SPARSECORE}")
     return None
 
 

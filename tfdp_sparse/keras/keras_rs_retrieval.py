@@ -36,8 +36,10 @@ def _checked(queries: np.ndarray, candidates: np.ndarray, labels: np.ndarray, ks
         raise ValueError(f"labels must be [N] integer ids, got {labels.dtype} {labels.shape}")
     if np.any((labels < 0) | (labels >= candidates.shape[0])) or np.any(np.isin(labels, exclude)):
         raise ValueError(f"labels must be row ids in [0, {candidates.shape[0]}) outside exclude={list(exclude)}")
+    if any(e < 0 or e >= candidates.shape[0] for e in exclude):
+        raise ValueError(f"exclude must hold row ids in [0, {candidates.shape[0]}), got {list(exclude)}")
     ks = tuple(int(k) for k in ks)
-    rankable = candidates.shape[0] - len(set(exclude))
+    rankable = candidates.shape[0] - len(exclude)
     if not ks or min(ks) < 1 or max(ks) > rankable:
         raise ValueError(f"ks must be integers in [1, {rankable}] (the rankable rows), got {ks!r}")
     return ks

@@ -8,8 +8,9 @@
   whose gradient is far above C.
 * Updates are sparse (EANA, DP-AdaFEST): rows no example looks up stay unchanged.
 * DP-SGD's noise reaches a keras-rs table with the reported σ (KS, ±1/3 rejected).
-* Refused by name: SparseCore placement / gradient trap, LazyDP, ragged
-  inputs, out-of-range ids.
+* Refused by name: SparseCore placement / gradient trap, LazyDP and DP-FEST,
+  ragged and preprocessed inputs, out-of-range ids, a table also read outside
+  its lookups (tied weights).
 """
 
 from __future__ import annotations
@@ -294,3 +295,32 @@ def test_weighted_clipping_equals_brute_force():
         y = tf.constant(rng.normal(size=(5, 2)))
         model(x)
         clip_reference.check(model, x, y, clip_norm=1e-3)
+
+
+class _Tied(keras.Model):
+    """Reads table ``t1`` outside its lookups too (tied output weights): a gradient the taps would not see."""
+
+    def __init__(self):
+        super().__init__(name="tied")
+        self.rs = keras_rs.layers.DistributedEmbedding(m.feature_configs(), name="rs")
+
+    def call(self, x):
+        out = self.rs(x)
+        logits = keras.ops.matmul(out["a"], keras.ops.transpose(self.rs.get_embedding_tables()["t1"]))
+        return keras.ops.sum(logits, axis=1, keepdims=True)
+
+
+def test_a_table_also_read_outside_its_lookups_is_refused():
+    model = _Tied()
+    x, y = m.data(N)
+    model(x)
+    with pytest.raises(UnsupportedLayerError, match="read outside its lookups"):
+        _train(model, "dpsgd", x=x, y=y, steps=1)
+
+
+def test_inference_after_private_training_runs_the_layers_own_call():
+    model, reference = _pair()
+    _train(model, "eana")
+    _train(reference, "eana")
+    x = m.data(32, seed=11)[0]
+    np.testing.assert_allclose(model.predict(x, verbose=0), reference.predict(x, verbose=0), atol=1e-6, rtol=0)

@@ -151,12 +151,18 @@ def check_trainable_privately(layer: keras.layers.Layer) -> Any:
 
 
 def _dense_ids(feature: Feature, ids, layer_name: str) -> tf.Tensor:
-    """``ids`` as a dense integer tensor in ``[0, vocabulary_size)`` (asserted at run time)."""
-    if not isinstance(ids, tf.Tensor) or not ids.dtype.is_integer or ids.shape.rank not in (1, 2):
+    """``ids`` as a dense integer tensor in ``[0, vocabulary_size)`` (asserted at run time).
+
+    Float ids are cast to int32, as Keras' ``Embedding`` (so keras-rs's own call) does.
+    """
+    if not isinstance(ids, tf.Tensor) or ids.shape.rank not in (1, 2):
+        kind = type(ids).__name__ + (f" of rank {ids.shape.rank}" if isinstance(ids, tf.Tensor) else "")
         raise UnsupportedLayerError(
             f"DistributedEmbedding {layer_name!r}, feature {feature.name!r}: private training needs dense integer "
-            f"ids of rank 1 or 2, got {type(ids).__name__} {getattr(ids, 'dtype', '')} (ragged, sparse and "
-            "preprocessed inputs are not supported: pad the ids to a dense tensor and pass zero weights)")
+            f"ids of rank 1 or 2, got {kind} (ragged, sparse and preprocessed inputs are not supported: pad the ids "
+            "to a dense tensor and pass zero weights)")
+    if not ids.dtype.is_integer:
+        ids = tf.cast(ids, tf.int32)
     message = (f"DistributedEmbedding {layer_name!r}, feature {feature.name!r}: ids must be in "
                f"[0, {feature.vocabulary_size})")
     checks = [tf.debugging.assert_non_negative(ids, message=message),
@@ -166,9 +172,14 @@ def _dense_ids(feature: Feature, ids, layer_name: str) -> tf.Tensor:
 
 
 def _combine(rows: tf.Tensor, weights, combiner: str) -> tf.Tensor:
-    """``EmbedReduce``'s reduction of gathered ``rows`` ``[B, L, d]`` (``[B, d]``: no reduction)."""
-    if rows.shape.rank == 2:  # one id per example: mean and sqrtn are the row itself
-        return rows * tf.cast(weights, rows.dtype)[:, tf.newaxis] if weights is not None and combiner == "sum" else rows
+    """``EmbedReduce``'s reduction of gathered ``rows`` ``[B, L, d]``; ``[B, d]`` (one id each) is not reduced.
+
+    One id per example: ``mean`` and ``sqrtn`` give the row itself, ``sum`` the row times its weight.
+    """
+    if rows.shape.rank == 2:
+        if weights is None or combiner != "sum":
+            return rows
+        return rows * tf.cast(weights, rows.dtype)[:, tf.newaxis]
     w = tf.ones(tf.shape(rows)[:2], rows.dtype) if weights is None else tf.cast(weights, rows.dtype)
     summed = tf.reduce_sum(rows * w[:, :, tf.newaxis], axis=1)
     if combiner == "sum":

@@ -40,6 +40,8 @@ ALGORITHMS = {"dpsgd": (), "eana": (), "adafest": (("tau", 1.0), ("sigma1", 2.0)
 
 
 def _pair() -> tuple[keras.Model, keras.Model]:
+    """The keras-rs model and its reference, with the same initial weights (fixed: Keras' global seed)."""
+    keras.utils.set_random_seed(0)
     model, reference = m.keras_rs_model(), m.reference_model()
     m.copy_weights(model, reference)
     return model, reference
@@ -105,8 +107,9 @@ def test_private_steps_equal_the_plain_embedding_model(algorithm):
     model, reference = _pair()
     start = [v.numpy() for v in model.trainable_variables]
     got, expected = _train(model, algorithm), _train(reference, algorithm)
-    for g, e, s, v in zip(got, expected, start, model.trainable_variables):
+    for g, e, v in zip(got, expected, model.trainable_variables):
         np.testing.assert_allclose(g, e, atol=1e-6, rtol=0, err_msg=f"{algorithm}: {v.path}")
+    for g, s, v in zip(got[:2], start[:2], model.trainable_variables[:2]):  # both keras-rs tables trained
         assert np.abs(g - s).max() > 1e-3, f"{algorithm}: {v.path} did not move"
 
 

@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import types
 from typing import Callable, Mapping, Optional
@@ -131,10 +132,24 @@ def _stock_rules() -> dict:
 def keras_3_registry() -> LayerRegistry:
     """The Keras 3 registry: ``Dense``, ``Embedding``, ``LayerNormalization``, ``EinsumDense``, generic fallback.
 
+    With keras-rs installed, also ``keras_rs.layers.DistributedEmbedding``
+    (:mod:`tfdp_sparse.clipping.keras_rs_embedding`, default-device tables).
     (``Conv1D``, ``TimeDistributed`` and ``DPEmbedding`` are tf-keras only for now;
     a ``Conv1D`` still trains on Keras 3, through the exact fallback.)
     """
-    return LayerRegistry(_stock_rules(), fallback=generic.generic_rule)
+    return LayerRegistry({**_stock_rules(), **_keras_rs_rules()}, fallback=generic.generic_rule)
+
+
+def _keras_rs_rules() -> dict:
+    """keras-rs's layer rules, imported here only: on Keras 3 with keras-rs installed, else none.
+
+    keras-rs is a Keras 3 library; the tf-keras path never imports it.
+    """
+    if not is_keras_3() or importlib.util.find_spec("keras_rs") is None:
+        return {}
+    from tfdp_sparse.clipping.keras_rs_embedding import keras_rs_rules  # imports keras_rs (Keras 3 only)
+
+    return keras_rs_rules()
 
 
 def _is_op_layer(layer: tf.keras.layers.Layer) -> bool:

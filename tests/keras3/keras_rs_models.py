@@ -1,0 +1,96 @@
+"""Two Keras 3 models of the same function: keras-rs ``DistributedEmbedding`` and plain ``keras.layers.Embedding``.
+
+Features ``a`` (3 ids) and ``b`` (2 ids) share table ``t1`` (combiner ``mean``);
+feature ``c`` (2 ids) looks up table ``t2`` (combiner ``sum``); a ``Dense`` head on the
+concatenated outputs. :func:`reference_model` computes the same outputs with
+one ``Embedding`` per table (``t1`` called twice) and ``keras.ops`` reductions,
+so with the same initial weights (:func:`copy_weights`) both models are the
+same function of the same variables, in the same order.
+
+Example::
+
+    model, reference = keras_rs_model(), reference_model()
+    copy_weights(model, reference)
+    model(inputs(8)) - reference(inputs(8))        # 0
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import keras
+import keras_rs
+import numpy as np
+
+V1, V2, D1, D2 = 30, 12, 4, 3
+
+
+def feature_configs(placement: str = "default_device") -> dict:
+    t1 = keras_rs.layers.TableConfig(name="t1", vocabulary_size=V1, embedding_dim=D1, combiner="mean",
+                                     placement=placement)
+    t2 = keras_rs.layers.TableConfig(name="t2", vocabulary_size=V2, embedding_dim=D2, combiner="sum",
+                                     placement=placement)
+    return {"a": keras_rs.layers.FeatureConfig(name="a", table=t1, input_shape=(None, 3), output_shape=(None, D1)),
+            "b": keras_rs.layers.FeatureConfig(name="b", table=t1, input_shape=(None, 2), output_shape=(None, D1)),
+            "c": keras_rs.layers.FeatureConfig(name="c", table=t2, input_shape=(None, 2), output_shape=(None, D2))}
+
+
+def _inputs() -> dict:
+    return {"a": keras.Input((3,), dtype="int64", name="a"), "b": keras.Input((2,), dtype="int64", name="b"),
+            "c": keras.Input((2,), dtype="int64", name="c")}
+
+
+def _head(a, b, c) -> keras.KerasTensor:
+    h = keras.layers.Concatenate()([a, b, c])
+    return keras.layers.Dense(1, name="out")(keras.layers.Dense(8, activation="tanh", name="hidden")(h))
+
+
+def keras_rs_model(layer: Optional[keras_rs.layers.DistributedEmbedding] = None) -> keras.Model:
+    """``layer`` (default: a ``DistributedEmbedding`` of :func:`feature_configs`, named ``rs``) and a Dense head."""
+    ins = _inputs()
+    layer = layer if layer is not None else keras_rs.layers.DistributedEmbedding(feature_configs(), name="rs")
+    out = layer(ins)
+    return keras.Model(ins, _head(out["a"], out["b"], out["c"]))
+
+
+class _Reference(keras.Model):
+    """Tables ``t1``, ``t2`` as ``keras.layers.Embedding``, looked up in the order the keras-rs layer does (a, b, c)."""
+
+    def __init__(self):
+        super().__init__(name="reference")
+        self.t1 = keras.layers.Embedding(V1, D1, name="t1")
+        self.t2 = keras.layers.Embedding(V2, D2, name="t2")
+        self.concat = keras.layers.Concatenate()
+        self.hidden = keras.layers.Dense(8, activation="tanh", name="hidden")
+        self.out = keras.layers.Dense(1, name="out")
+
+    def call(self, x):
+        a = keras.ops.mean(self.t1(x["a"]), axis=1)
+        b = keras.ops.mean(self.t1(x["b"]), axis=1)
+        c = keras.ops.sum(self.t2(x["c"]), axis=1)
+        return self.out(self.hidden(self.concat([a, b, c])))
+
+
+def reference_model() -> keras.Model:
+    """The same function with ``keras.layers.Embedding`` tables and ``keras.ops`` reductions (built).
+
+    A subclassed model, so its lookups run in the order written (a, b, c), as the
+    keras-rs layer's do: EANA's per-row noise then goes to the same rows in both.
+    """
+    model = _Reference()
+    model(data(2)[0])
+    return model
+
+
+def copy_weights(source: keras.Model, target: keras.Model) -> None:
+    """``target``'s trainable variables take ``source``'s values, in order (tables first, then the head)."""
+    assert [tuple(v.shape) for v in source.trainable_variables] == [tuple(v.shape) for v in target.trainable_variables]
+    for s, t in zip(source.trainable_variables, target.trainable_variables):
+        t.assign(s.numpy())
+
+
+def data(n: int, seed: int = 0) -> tuple[dict, np.ndarray]:
+    """``n`` examples: ids of each feature and binary labels ``[n, 1]``."""
+    rng = np.random.default_rng(seed)
+    x = {"a": rng.integers(0, V1, (n, 3)), "b": rng.integers(0, V1, (n, 2)), "c": rng.integers(0, V2, (n, 2))}
+    return x, rng.integers(0, 2, (n, 1)).astype(np.float32)

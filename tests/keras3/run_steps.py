@@ -36,6 +36,7 @@ ALGORITHMS = {
     "eana": (),
     "adafest": (("tau", 1.0), ("sigma1", 2.0)),
     "dpfest": (("k", 8), ("kept_ids", (tuple(range(0, VOCAB, 5)),))),
+    "eana+adam": (),  # EANA with Adam post-processing the dense variables' noised gradients (dense_optimizer)
 }
 #: Tables per model (DP-FEST keeps the same ids of each).
 TABLES = {"ctr": 1, "dp_embedding": 2}
@@ -101,10 +102,13 @@ def train(algorithm: str, initial: dict, sigma: float, steps: int = STEPS, model
     model = MODELS[name_of_model]()
     for name, weights in initial.items():
         model.get_layer(name).set_weights(weights)
-    privacy = PrivacyConfig(algorithm=algorithm, noise_multiplier=sigma, l2_norm_clip=0.5,
+    mechanism, _, dense = algorithm.partition("+")
+    privacy = PrivacyConfig(algorithm=mechanism, noise_multiplier=sigma, l2_norm_clip=0.5,
                             extra=knobs(algorithm, name_of_model))
+    dense_optimizer = tf.keras.optimizers.Adam(0.05) if dense == "adam" else None
     private = make_private(model, privacy, num_examples=N, batch_size=B, steps=steps, learning_rate=0.5,
-                           loss=tf.keras.losses.BinaryCrossentropy(from_logits=True), noise_seed=SEED)
+                           loss=tf.keras.losses.BinaryCrossentropy(from_logits=True), noise_seed=SEED,
+                           dense_optimizer=dense_optimizer)
     private.compile()
     private.fit(*model_data(name_of_model), verbose=0)
     return layer_weights(model)

@@ -15,6 +15,10 @@ Prints ε and recall@10 over the whole catalogue.
     python examples/tfrs_retrieval.py               # ~1-2 minutes on 2 cores
     python examples/tfrs_retrieval.py --smoke       # seconds (the tests run this)
     python examples/tfrs_retrieval.py --smoke --in_batch   # refused: CoupledLossError
+
+tf-keras only: TensorFlow Recommenders refuses to import under Keras 3, so
+with ``TF_USE_LEGACY_KERAS=0`` the example exits at once naming the reason
+and the fix (:func:`refuse_keras_3`).
 """
 
 from __future__ import annotations
@@ -22,12 +26,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from tfdp_sparse.keras_stack import is_keras_3  # noqa: E402
+
+#: Why this example does not run on Keras 3.
+KERAS_3_REFUSAL = ("examples/tfrs_retrieval.py needs tf-keras: TensorFlow Recommenders (tfrs.Model, "
+                   "tfrs.layers) refuses to import under Keras 3. Run it with TF_USE_LEGACY_KERAS=1 (the default "
+                   "when unset); on Keras 3 see examples/custom_ctr.py")
+
+
+def refuse_keras_3() -> None:
+    """Exits (status 2) naming TFRS and ``TF_USE_LEGACY_KERAS=1`` when the process runs Keras 3."""
+    if is_keras_3():
+        print(f"error: {KERAS_3_REFUSAL}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+refuse_keras_3()  # before TFRS is imported: its own error does not say what to do
+
 import tensorflow_recommenders as tfrs  # noqa: E402
 
 from tfdp_sparse.config import PrivacyConfig  # noqa: E402

@@ -6,6 +6,10 @@ concatenated with the 13 (already ``log1p``-transformed) dense features, then
 4 ReLU layers of 598 units and one logit. Trained with binary cross-entropy
 on logits; serving returns the click probability.
 
+One definition for both Keras stacks (tf-keras, or Keras 3 on TensorFlow:
+the process's ``tf.keras``); :class:`~tfdp_sparse.layers.DPEmbedding` is the
+same layer on either.
+
 Example::
 
     model = build_pctr_model(PctrConfig(vocab_sizes=(10, 20), hidden=(8,)))
@@ -19,6 +23,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from tfdp_sparse.keras_stack import tf_variables
 from tfdp_sparse.layers import DPEmbedding, FlushedReadsMixin
 
 NUM_DENSE = 13
@@ -114,8 +119,8 @@ def per_example_loss(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
 
 
 def embedding_tables(model: tf.keras.Model) -> list[tf.Variable]:
-    """The model's embedding tables (for lazy-noise flushing and reports)."""
-    return [layer.embeddings for layer in model.layers if isinstance(layer, DPEmbedding)]
+    """The model's embedding tables as ``tf.Variable`` (for lazy-noise flushing and reports; either stack)."""
+    return [layer.table for layer in model.layers if isinstance(layer, DPEmbedding)]
 
 
 class PctrServing(tf.Module):
@@ -145,7 +150,7 @@ class PctrServing(tf.Module):
             raise ValueError(f"the model has {len(sizes)} embedding tables for {num_cat} categorical features")
         # Only the weights are tracked (and saved): tracking the Keras model would make
         # tf.saved_model.save trace and serialise every layer's call functions as well.
-        self.weights = list(model.variables)
+        self.weights = tf_variables(model.variables)  # tf.Variables on either stack
         vocab_sizes = tf.constant(sizes, tf.int64)
 
         def serve(cat, dense):

@@ -3,8 +3,8 @@
 Subprocesses with ``TF_USE_LEGACY_KERAS`` removed from the environment (as
 ``env -u TF_USE_LEGACY_KERAS``): once something has used ``tf.keras``,
 TensorFlow has settled on Keras 3; ``tfdp_sparse.keras`` then imports its
-Keras 3 adapter, while ``tfdp_sparse.layers`` (``DPEmbedding``, tf-keras only
-for now) fails with the fix. Importing the toolkit first (it sets the
+Keras 3 adapter and ``tfdp_sparse.layers`` gives ``DPEmbedding`` as a Keras 3
+layer (one definition for both stacks). Importing the toolkit first (it sets the
 variable) or setting the variable gives tf-keras, as before.
 """
 
@@ -30,8 +30,17 @@ def _python(code: str, legacy: bool) -> subprocess.CompletedProcess:
                           check=False)
 
 
-def test_layers_on_keras_3_refused_at_import_with_the_fix():
-    proc = _python(USE_KERAS_3_FIRST + "import tfdp_sparse.layers", legacy=False)
+def test_layers_on_keras_3_give_a_keras_3_dp_embedding():
+    code = (USE_KERAS_3_FIRST + "import keras; from tfdp_sparse.layers import DPEmbedding; "
+            "print(issubclass(DPEmbedding, keras.layers.Layer))")
+    proc = _python(code, legacy=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True"], proc.stdout
+
+
+def test_require_tf_keras_on_keras_3_names_the_fix():
+    proc = _python(USE_KERAS_3_FIRST + "from tfdp_sparse._keras_check import require_tf_keras; require_tf_keras()",
+                   legacy=False)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: tfdp_sparse needs Keras 2"), proc.stderr[-3000:]

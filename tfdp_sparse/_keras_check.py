@@ -4,23 +4,21 @@ TensorFlow 2.16+ resolves ``tf.keras`` the first time it is used, from
 ``TF_USE_LEGACY_KERAS``: ``1`` gives ``tf-keras`` (Keras 2), anything else
 Keras 3. Importing :mod:`tfdp_sparse` sets the variable if it is unset, but
 that is too late when ``tf.keras`` was already used. On Keras 3 the toolkit's
-layers, clipping taps and optimizer fail later with confusing errors (e.g.
-``attach_taps needs a Keras model or layer, got Functional``), so
-:mod:`tfdp_sparse.keras` and :mod:`tfdp_sparse.layers` call
-:func:`require_tf_keras` first and fail at import with the fix. It only
-checks: nothing is patched.
+layers, clipping taps and optimizer used to fail later with confusing errors
+(e.g. ``attach_taps needs a Keras model or layer, got Functional``); parts
+that need tf-keras call :func:`require_tf_keras` first and fail at import
+with the fix. It only checks: nothing is patched.
 
-:mod:`tfdp_sparse.keras` serves both stacks (:func:`require_keras`): on Keras 3
-``make_private`` trains with the Keras 3 adapter
-(:mod:`tfdp_sparse.keras.optimizer_keras3`). :mod:`tfdp_sparse.layers`
-(``DPEmbedding``) is tf-keras only for now (:func:`require_tf_keras`).
+:mod:`tfdp_sparse.keras` and :mod:`tfdp_sparse.layers` (``DPEmbedding``) serve
+both stacks (:func:`require_keras`): on Keras 3 ``make_private`` trains with
+the Keras 3 adapter (:mod:`tfdp_sparse.keras.optimizer_keras3`).
 
 Example::
 
     import tensorflow as tf
     tf.keras.layers.Dense(1)       # TF_USE_LEGACY_KERAS unset: tf.keras is now Keras 3
     import tfdp_sparse.keras       # the Keras 3 adapter
-    import tfdp_sparse.layers      # ImportError: ... export TF_USE_LEGACY_KERAS=1 ...
+    import tfdp_sparse.layers      # DPEmbedding, a Keras 3 layer in this process
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ KERAS_3_MESSAGE = (
     "chooses its Keras the first time tf.keras is used, from TF_USE_LEGACY_KERAS. Fix: `pip install tf-keras`, "
     "and `export TF_USE_LEGACY_KERAS=1` before TensorFlow is imported (or import tfdp_sparse before anything "
     "uses tf.keras). On Keras 3, tfdp_sparse.keras.make_private trains Keras 3 models built from "
-    "keras.layers (Embedding, Dense, EinsumDense, LayerNormalization, ...); DPEmbedding is tf-keras only for now."
+    "keras.layers (Embedding, Dense, EinsumDense, LayerNormalization, ...) and tfdp_sparse.layers.DPEmbedding."
 )
 
 NO_KERAS_MESSAGE = (

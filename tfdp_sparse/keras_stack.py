@@ -39,6 +39,19 @@ def is_keras_3() -> bool:
     return not is_keras_2(tf.keras.__name__)
 
 
+#: The names of the two stacks, as the trainers' ``--keras_stack`` flag and their JSON line spell them.
+TF_KERAS, KERAS_3 = "tf_keras", "keras3"
+
+
+def stack_name() -> str:
+    """``"keras3"`` or ``"tf_keras"``: the stack this process runs (:func:`is_keras_3`).
+
+    >>> stack_name()   # under TF_USE_LEGACY_KERAS=1 with tf-keras installed
+    'tf_keras'
+    """
+    return KERAS_3 if is_keras_3() else TF_KERAS
+
+
 def _keras_3_variable_type() -> type:
     import keras  # the Keras 3 package (installed beside tf-keras; only its Variable type is read)
 

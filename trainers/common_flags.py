@@ -121,6 +121,13 @@ def define_optimizer_flags(flag_values: flags.FlagValues, learning_rate: float) 
                        "with sgd; required with adagrad, adam, ftrl)", **fv)
 
 
+def define_keras_stack_flag(flag_values: flags.FlagValues) -> None:
+    """Defines ``--keras_stack`` (:mod:`trainers.lib.stack`: the environment decides; a disagreeing flag re-runs)."""
+    from trainers.lib.stack import ENV_VALUE, FLAG_HELP  # local: the stack module reads tfdp_sparse.keras_stack
+
+    flags.DEFINE_enum("keras_stack", None, sorted(ENV_VALUE), FLAG_HELP, flag_values=flag_values)
+
+
 def define_tensorboard_flag(flag_values: flags.FlagValues) -> None:
     """``--tensorboard_dir``: TensorBoard scalars of the run (an observability setting; privacy unchanged)."""
     flags.DEFINE_string(

@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 from absl import logging as absl_logging
 import dp_accounting
 
+from tfdp_sparse.keras_stack import stack_name
 from trainers.loop import TrainResult
 
 SHUFFLE_NOTE = (
@@ -107,7 +108,8 @@ def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_valu
     figure the last progress line prints (``StepStats.examples_per_sec``).
     ``noise_multiplier`` is the σ the accounting charges per step (DP-AdaFEST:
     the effective σ); the mechanism's own settings follow under their names.
-    ``table_optimizer`` names the tables' row-wise rule (``"sgd"``: the DP
+    ``keras_stack`` is the Keras the run trained with (``"tf_keras"`` or ``"keras3"``:
+    :mod:`trainers.lib.stack`). ``table_optimizer`` names the tables' row-wise rule (``"sgd"``: the DP
     optimizer's own SGD) and ``table_learning_rate`` its rate.
     ``extra["outside_guarantee"]`` (a list) is merged into the privacy fields.
     """
@@ -117,6 +119,7 @@ def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_valu
     trained = result.steps > result.resumed_from_step  # False: nothing ran (e.g. budget already spent)
     line = {
         "algorithm": privacy.algorithm,
+        "keras_stack": stack_name(),
         "auc": _round(auc),
         "epsilon": _round(result.epsilon),
         "delta": result.delta,

@@ -35,6 +35,13 @@ protects each ``userId`` with all their ratings: users are sampled by
 Poisson (``--batch_size`` users per step on average), at most ``k`` of their
 examples each, each user's summed gradient clipped (issue 20).
 
+Keras stack: ``--keras_stack=tf_keras|keras3`` (default: the environment's
+``TF_USE_LEGACY_KERAS``, ``1`` when unset; a disagreeing flag re-runs the
+trainer in a child process, :mod:`trainers.lib.stack`). The model is one
+definition on both stacks (it uses no TFRS: TFRS is only the tf-keras
+cross-check, :mod:`tfdp_sparse.crosscheck.recommenders`); Keras 3 refuses
+LazyDP, ``--cluster`` and ``--embedding_backend`` other than keras by name.
+
 Prints progress, then one JSON line (also written to ``--metrics_out``): the
 pCTR trainer's fields (``algorithm, epsilon, delta, noise_multiplier, steps,
 examples_per_sec, gradient_size, ...``) plus ``precision@k`` / ``recall@k``
@@ -64,6 +71,7 @@ if __name__ == "__main__":  # before TensorFlow is imported: no C++ startup nois
 
 import dataclasses
 import logging
+import sys
 from typing import Optional
 
 from absl import app, flags
@@ -75,6 +83,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import movielens
 from tfdp_sparse.data.movielens_users import UserTimelineExamples
 from tfdp_sparse.mechanisms.plans.base import Plan
+from tfdp_sparse.keras_stack import is_keras_3, tf_variables
 from tfdp_sparse.layers.tpu import EmbeddingBackend
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers import loop as loop_lib
@@ -82,6 +91,7 @@ from trainers import common_flags
 from trainers import summary
 from trainers import tensorboard
 from trainers.lib import cluster as cluster_lib
+from trainers.lib import stack as stack_lib
 
 FLAGS = flags.FLAGS
 
@@ -135,6 +145,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       "(tpu_emulator; bag-of-words tower, no shared table, not with lazydp), or a TPU (tpu: only "
                       "under a TPUStrategy)", **fv)
     common_flags.define_tensorboard_flag(flag_values)
+    common_flags.define_keras_stack_flag(flag_values)
     # The shared flags are defined in common_flags: make them key flags of this trainer, so --help shows them.
     flags.adopt_module_key_flags(common_flags, flag_values)
     flags.DEFINE_string("cluster", "", cluster_lib.FLAG_HELP, **fv)
@@ -288,7 +299,7 @@ def check_compatible(privacy: PrivacyConfig, model: dual_encoder.DualEncoderConf
 def dense_embedding_values(model: dual_encoder.DualEncoder) -> int:
     """Rows x width of every table: what dense DP-SGD writes per step."""
     seen, total = set(), 0
-    for var in model.trainable_variables:
+    for var in tf_variables(model.trainable_variables):  # tf.Variables on either Keras stack
         if "embeddings" in var.name and var.ref() not in seen:
             seen.add(var.ref())
             total += int(var.shape.num_elements())
@@ -318,12 +329,28 @@ def train_model(run: DualEncoderRun, train, num_rows: int):
     return model, result
 
 
+def check_keras_3(run: DualEncoderRun) -> None:
+    """What the Keras 3 stack does not run yet, refused by name (LazyDP: by the optimizer, with its reason)."""
+    backend = run.loop.performance.embedding_backend
+    refused = {
+        "--cluster": (run.cluster, "parameter-server training (ShardedDPOptimizer) is tf-keras only"),
+        "--embedding_backend": (None if backend is EmbeddingBackend.KERAS else backend.value,
+                                "the TPU embedding program is tf-keras only"),
+    }
+    for name, (value, why) in refused.items():
+        if value:
+            raise ValueError(f"{name}={value} is not supported on Keras 3 ({why}); run with --keras_stack=tf_keras "
+                             f"(TF_USE_LEGACY_KERAS=1)")
+
+
 def train_and_evaluate(run: DualEncoderRun) -> dict:
     """Trains, evaluates precision/recall@k; returns the metrics dict (also printed as JSON)."""
     run.privacy.validate()
     check_compatible(run.privacy, run.model)
     loop_lib.make_dense_optimizer(run.loop.dense_optimizer, run.loop.dense_learning_rate)
     loop_lib.table_rule_of(run.loop)
+    if is_keras_3():
+        check_keras_3(run)
     train, evaluation, num_rows, info = load_data(run.data, run.unit)
     model, result = train_model(run, train, num_rows)
     quality = dual_encoder.evaluate_retrieval(model, evaluation)
@@ -399,6 +426,13 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
 
 
 def main(argv):
+    try:
+        code = stack_lib.reexec_for_stack(FLAGS.keras_stack, "trainers.train_dual_encoder")  # before anything trains
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if code is not None:
+        return code
     code = cluster_lib.reexec_in_namespace(FLAGS.cluster, "trainers.train_dual_encoder")  # local_ps: loopback-only
     if code is not None:
         return code

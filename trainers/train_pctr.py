@@ -29,6 +29,15 @@ the run has no guarantee, e.g. EANA or sgd).
   ε is the max over periods (parallel composition, :mod:`trainers.periods`).
 * ``--export_dir``: SavedModel ``serve(cat=int64 ids [B, 26], dense=raw
   counts float32 [B, 13]) -> {"probability": [B]}``.
+* ``--keras_stack=tf_keras|keras3``: the Keras to train with (default: the
+  environment's ``TF_USE_LEGACY_KERAS``, ``1`` when unset). TensorFlow picks
+  its Keras once per process, so a flag that disagrees with the environment
+  makes the trainer run itself again in a child process with the variable set
+  (:mod:`trainers.lib.stack`); the JSON line's ``keras_stack`` says which ran.
+  Keras 3 runs DP-SGD, EANA, DP-FEST and DP-AdaFEST(+) on one machine with
+  Keras tables; LazyDP, ``--cluster``, ``--embedding_backend`` other than
+  keras, row-wise table / dense optimizers and ``--compare_dpsgd_step`` are
+  refused there by name.
 * Bad settings and bad data (ids outside a table, non-finite dense values,
   too many malformed Criteo lines) fail before training with ``error: ...``
   and exit status 2; malformed Criteo lines below the limit are skipped and
@@ -48,6 +57,7 @@ if __name__ == "__main__":  # before TensorFlow is imported: no C++ startup nois
 
 import dataclasses
 import logging
+import sys
 import time
 from typing import Optional
 
@@ -61,6 +71,7 @@ from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import prepared_rows
 from tfdp_sparse.data.vocabulary import VocabularyKind
+from tfdp_sparse.keras_stack import is_keras_3
 from tfdp_sparse.layers.tpu import EmbeddingBackend, split_functional_model
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
@@ -72,6 +83,7 @@ from trainers import common_flags
 from trainers import summary
 from trainers import tensorboard
 from trainers.lib import cluster as cluster_lib
+from trainers.lib import stack as stack_lib
 
 FLAGS = flags.FLAGS
 
@@ -127,6 +139,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_string("metrics_out", None, "write the final JSON line here", **fv)
     flags.DEFINE_integer("log_every", 50, "steps between progress lines", **fv)
     common_flags.define_tensorboard_flag(flag_values)
+    common_flags.define_keras_stack_flag(flag_values)
     # The shared flags are defined in common_flags: make them key flags of this trainer, so --help shows them.
     flags.adopt_module_key_flags(common_flags, flag_values)
     flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; not with lazydp)", **fv)
@@ -212,6 +225,23 @@ def _check_run(run: PctrRun) -> None:
                          "on data with user ids")
     loop_lib.make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate)
     loop_lib.table_rule_of(loop)
+    if is_keras_3():
+        _check_keras_3(run)
+
+
+def _check_keras_3(run: PctrRun) -> None:
+    """What the Keras 3 stack does not run yet, refused by name (before any data is read)."""
+    refused = {
+        "--cluster": (run.cluster, "parameter-server training (ShardedDPOptimizer) is tf-keras only"),
+        "--embedding_backend": (None if run.loop.performance.embedding_backend is EmbeddingBackend.KERAS
+                                else run.loop.performance.embedding_backend.value,
+                                "the TPU embedding program is tf-keras only"),
+        "--compare_dpsgd_step": (run.compare_dpsgd_step or None, "the dense DP-SGD timing uses tf-keras' DPOptimizer"),
+    }
+    for name, (value, why) in refused.items():
+        if value:
+            raise ValueError(f"{name}={value} is not supported on Keras 3 ({why}); run with --keras_stack=tf_keras "
+                             f"(TF_USE_LEGACY_KERAS=1)")
 
 
 def _check_streaming(run: PctrRun) -> None:
@@ -391,6 +421,13 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
 
 
 def main(argv):
+    try:
+        code = stack_lib.reexec_for_stack(FLAGS.keras_stack, "trainers.train_pctr")  # before anything trains
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if code is not None:
+        return code
     code = cluster_lib.reexec_in_namespace(FLAGS.cluster, "trainers.train_pctr")  # local_ps: loopback-only
     if code is not None:
         return code

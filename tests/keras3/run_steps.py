@@ -7,10 +7,15 @@ start from the same weights (by layer name), train on the same data with
 the same ``noise_seed`` (Poisson batches and noise are functions of it) and
 return the weights after training.
 
+Two models: ``ctr`` (stock Keras layers) and ``dp_embedding`` (the toolkit's
+``DPEmbedding``, one definition on both stacks: a single-id and a pooled
+multi-id feature with ``-1`` padding).
+
 Example::
 
     initial = layer_weights(ctr_model())
     after = train("dpsgd", initial, sigma=1.0)       # {layer name: [arrays]}
+    after = train("eana", layer_weights(dp_embedding_model()), 1.0, model="dp_embedding")
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
+from tfdp_sparse.layers import DPEmbedding
 
 N, B, VOCAB, DIM, WIDTH, STEPS, SEED = 96, 16, 40, 4, 6, 3, 7
 #: The algorithms both stacks run, with their knobs.
@@ -30,13 +36,31 @@ ALGORITHMS = {
     "eana": (),
     "adafest": (("tau", 1.0), ("sigma1", 2.0)),
     "dpfest": (("k", 8), ("kept_ids", (tuple(range(0, VOCAB, 5)),))),
+    "eana+adam": (),  # EANA with Adam post-processing the dense variables' noised gradients (dense_optimizer)
 }
+#: Tables per model (DP-FEST keeps the same ids of each).
+TABLES = {"ctr": 1, "dp_embedding": 2}
+
+
+def knobs(algorithm: str, model: str) -> tuple:
+    """``ALGORITHMS[algorithm]`` with DP-FEST's ``kept_ids`` given once per table of ``model``."""
+    return tuple((key, value * TABLES[model]) if key == "kept_ids" else (key, value)
+                 for key, value in ALGORITHMS[algorithm])
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
-    """``(ids [N, 3] int64, labels [N, 1] float32)``, fixed."""
+    """``(ids [N, 3] int64, labels [N, 1] float32)``, fixed; about a third of the last column is ``-1`` (padding
+    of ``dp_embedding``'s multi-id feature; the ``ctr`` model maps it to row ``VOCAB - 1``)."""
     rng = np.random.default_rng(0)
-    return rng.integers(0, VOCAB, (N, 3)).astype(np.int64), rng.integers(0, 2, (N, 1)).astype(np.float32)
+    ids = rng.integers(0, VOCAB, (N, 3)).astype(np.int64)
+    ids[rng.random(N) < 0.35, 2] = -1
+    return ids, rng.integers(0, 2, (N, 1)).astype(np.float32)
+
+
+def model_data(model: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`data` as ``model`` reads it (``ctr``: padding replaced by the last row)."""
+    ids, labels = data()
+    return (np.where(ids < 0, VOCAB - 1, ids) if model == "ctr" else ids), labels
 
 
 def ctr_model() -> tf.keras.Model:
@@ -47,8 +71,24 @@ def ctr_model() -> tf.keras.Model:
     h = tf.keras.layers.LayerNormalization(name="norm")(h)
     h = tf.keras.layers.EinsumDense("ab,bc->ac", output_shape=WIDTH, bias_axes="c", name="einsum")(h)
     model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="out")(h))
+    model(model_data("ctr")[0][:2])
+    return model
+
+
+def dp_embedding_model() -> tf.keras.Model:
+    """``DPEmbedding`` single-id (column 0) and pooled multi-id (``mean`` over all columns, ``-1`` padding)."""
+    ids = tf.keras.Input((3,), dtype=tf.int64)
+    single = DPEmbedding(VOCAB, DIM, name="single")(ids[:, 0])
+    pooled = DPEmbedding(VOCAB, DIM, combiner="mean", name="multi")(ids)
+    h = tf.keras.layers.Concatenate()([single, pooled])
+    h = tf.keras.layers.Dense(WIDTH, activation="relu", name="hidden")(h)
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="out")(h))
     model(data()[0][:2])
     return model
+
+
+#: The models both stacks build from one definition.
+MODELS = {"ctr": ctr_model, "dp_embedding": dp_embedding_model}
 
 
 def layer_weights(model: tf.keras.Model) -> dict:
@@ -56,17 +96,21 @@ def layer_weights(model: tf.keras.Model) -> dict:
     return {layer.name: layer.get_weights() for layer in model.layers if layer.get_weights()}
 
 
-def train(algorithm: str, initial: dict, sigma: float, steps: int = STEPS) -> dict:
-    """The weights after ``steps`` private steps (``make_private(...).fit``) from ``initial``."""
-    model = ctr_model()
+def train(algorithm: str, initial: dict, sigma: float, steps: int = STEPS, model: str = "ctr") -> dict:
+    """The weights after ``steps`` private steps (``make_private(...).fit``) of ``MODELS[model]`` from ``initial``."""
+    name_of_model = model
+    model = MODELS[name_of_model]()
     for name, weights in initial.items():
         model.get_layer(name).set_weights(weights)
-    privacy = PrivacyConfig(algorithm=algorithm, noise_multiplier=sigma, l2_norm_clip=0.5,
-                            extra=ALGORITHMS[algorithm])
+    mechanism, _, dense = algorithm.partition("+")
+    privacy = PrivacyConfig(algorithm=mechanism, noise_multiplier=sigma, l2_norm_clip=0.5,
+                            extra=knobs(algorithm, name_of_model))
+    dense_optimizer = tf.keras.optimizers.Adam(0.05) if dense == "adam" else None
     private = make_private(model, privacy, num_examples=N, batch_size=B, steps=steps, learning_rate=0.5,
-                           loss=tf.keras.losses.BinaryCrossentropy(from_logits=True), noise_seed=SEED)
+                           loss=tf.keras.losses.BinaryCrossentropy(from_logits=True), noise_seed=SEED,
+                           dense_optimizer=dense_optimizer)
     private.compile()
-    private.fit(*data(), verbose=0)
+    private.fit(*model_data(name_of_model), verbose=0)
     return layer_weights(model)
 
 
@@ -93,11 +137,11 @@ def load(path: str) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    """``run_steps IN.npz OUT_DIR SIGMA ALGORITHM...``: trains from IN's weights, writes OUT_DIR/ALGORITHM.npz."""
-    source, target, sigma, *algorithms = argv
+    """``run_steps IN.npz OUT_DIR SIGMA MODEL ALGORITHM...``: trains from IN's weights, writes OUT_DIR/ALGORITHM.npz."""
+    source, target, sigma, model, *algorithms = argv
     initial = load(source)
     for algorithm in algorithms:
-        save(f"{target}/{algorithm}.npz", train(algorithm, initial, float(sigma)))
+        save(f"{target}/{algorithm}.npz", train(algorithm, initial, float(sigma), model=model))
 
 
 if __name__ == "__main__":

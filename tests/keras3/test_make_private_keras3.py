@@ -16,6 +16,7 @@ from tests.test_make_private import (B, BCE, DIM, N, VOCAB, CustomStep, _ks_upda
 from tfdp_sparse.keras import UnprivatizedUpdateError, make_private
 from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
 from tfdp_sparse.keras.private_model_keras3 import Keras3PrivateModel
+from tfdp_sparse.mechanisms import build
 
 
 def ctr_model(hidden_init="glorot_uniform") -> keras.Model:
@@ -138,3 +139,28 @@ def test_sequential_and_subclassed_models_train_privately():
         private.fit(*data(), verbose=0)
         assert private.report()["steps"] == 2
         assert all(np.abs(a - b).max() > 0 for a, b in zip(model.get_weights(), before))
+
+
+def test_dense_optimizer_must_be_a_keras_3_optimizer():
+    with pytest.raises(TypeError, match="dense_optimizer must be a Keras 3 optimizer, got str"):
+        Keras3DPOptimizer(build(dp()), learning_rate=0.1, expected_batch_size=B, dense_optimizer="adam")
+
+
+def test_dense_optimizer_moves_dense_variables_and_tables_keep_sgd():
+    """σ = 0, C large: the table moves by exactly SGD's lr * mean gradient; Adam's first step moves the
+    dense weights by at most its learning rate, ~exactly for most (|g| / (|g| + eps)), unlike SGD's lr * g."""
+    model = ctr_model()
+    x, y = data()
+    optimizer = Keras3DPOptimizer(build(dp(sigma=0.0, clip=1e6)), learning_rate=0.1, expected_batch_size=8,
+                                  dense_optimizer=keras.optimizers.Adam(0.01))
+    optimizer.attach(model)
+    table, hidden = model.get_layer("table").embeddings, model.get_layer("hidden").kernel
+    before_table, before_hidden = table.numpy().copy(), hidden.numpy().copy()
+    with tf.GradientTape(persistent=True) as tape:
+        losses = BCE.call(tf.constant(y[:8]), model(tf.constant(x[:8]), training=True))
+        mean = tf.reduce_mean(losses)
+    grad = tf.convert_to_tensor(tape.gradient(mean, table.value)).numpy()
+    optimizer.private_step(losses, model.trainable_variables, tape)
+    np.testing.assert_allclose(table.numpy(), before_table - 0.1 * grad, atol=1e-6)
+    moved = np.abs(hidden.numpy() - before_hidden)
+    assert moved.max() == pytest.approx(0.01, rel=1e-3) and moved.max() <= 0.01 * (1 + 1e-5)  # |g|/(|g|+eps) <= 1

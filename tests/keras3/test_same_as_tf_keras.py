@@ -21,12 +21,13 @@ SIGMA = 1.0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _tf_keras_reference(initial: dict, out_dir: str, algorithms) -> dict:
+def _tf_keras_reference(initial: dict, out_dir: str, algorithms, model: str) -> dict:
     source = os.path.join(out_dir, "initial.npz")
     run_steps.save(source, initial)
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "tests.keras3.run_steps", source, out_dir, str(SIGMA), *algorithms],
+    proc = subprocess.Popen([sys.executable, "-m", "tests.keras3.run_steps", source, out_dir, str(SIGMA), model,
+                             *algorithms],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _, err = proc.communicate(timeout=600)
@@ -38,17 +39,19 @@ def _tf_keras_reference(initial: dict, out_dir: str, algorithms) -> dict:
     return {a: run_steps.load(os.path.join(out_dir, f"{a}.npz")) for a in algorithms}
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    initial = run_steps.layer_weights(run_steps.ctr_model())
-    out = _tf_keras_reference(initial, str(tmp_path_factory.mktemp("tf_keras")), list(run_steps.ALGORITHMS))
-    return initial, out
+@pytest.fixture(scope="module", params=list(run_steps.MODELS))
+def reference(request, tmp_path_factory):
+    model = request.param
+    initial = run_steps.layer_weights(run_steps.MODELS[model]())
+    out = _tf_keras_reference(initial, str(tmp_path_factory.mktemp("tf_keras")), list(run_steps.ALGORITHMS), model)
+    return model, initial, out
 
 
 @pytest.mark.parametrize("algorithm", list(run_steps.ALGORITHMS))
 def test_keras_3_steps_equal_tf_keras(reference, algorithm):
-    initial, expected = reference
-    got = run_steps.train(algorithm, initial, SIGMA)
+    """``ctr``: stock layers; ``dp_embedding``: the toolkit's ``DPEmbedding`` (single-id and pooled, padded)."""
+    model, initial, expected = reference
+    got = run_steps.train(algorithm, initial, SIGMA, model=model)
     assert sorted(got) == sorted(expected[algorithm])
     moved = False
     for name in got:

@@ -130,14 +130,18 @@ def _stock_rules() -> dict:
 
 
 def keras_3_registry() -> LayerRegistry:
-    """The Keras 3 registry: ``Dense``, ``Embedding``, ``LayerNormalization``, ``EinsumDense``, generic fallback.
+    """The Keras 3 registry: ``Dense``, ``Embedding``, ``LayerNormalization``, ``EinsumDense``, the toolkit's
+    ``DPEmbedding`` (one definition for both stacks), generic fallback.
 
     With keras-rs installed, also ``keras_rs.layers.DistributedEmbedding``
     (:mod:`tfdp_sparse.clipping.keras_rs_embedding`, default-device tables).
-    (``Conv1D``, ``TimeDistributed`` and ``DPEmbedding`` are tf-keras only for now;
-    a ``Conv1D`` still trains on Keras 3, through the exact fallback.)
+    (``Conv1D`` and ``TimeDistributed`` have no Keras 3 rule yet; a ``Conv1D``
+    still trains on Keras 3, through the exact fallback.)
     """
-    return LayerRegistry({**_stock_rules(), **_keras_rs_rules()}, fallback=generic.generic_rule)
+    from tfdp_sparse.layers.embedding import DPEmbedding, dp_embedding_rule  # layers import clipping.taps
+
+    return LayerRegistry({**_stock_rules(), DPEmbedding: dp_embedding_rule, **_keras_rs_rules()},
+                         fallback=generic.generic_rule)
 
 
 def _keras_rs_rules() -> dict:

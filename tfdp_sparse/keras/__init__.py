@@ -2,7 +2,8 @@
 
 Both stacks (see ``_keras_check`` and ``tfdp_sparse.keras_stack``): on tf-keras
 everything below; on Keras 3 ``make_private`` trains with the Keras 3 adapter
-(``PrivateStep`` and ``DPOptimizer`` are tf-keras only for now).
+(``DPOptimizer`` is tf-keras only; ``PrivateStep`` takes either stack's optimizer,
+``Keras3DPOptimizer`` on Keras 3).
 """
 
 from tfdp_sparse._keras_check import require_keras

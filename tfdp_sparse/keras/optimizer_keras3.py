@@ -10,8 +10,11 @@ table's ``tf.IndexedSlices`` by scatter and has no momentum slots at zero
 momentum). ``apply_gradients`` outside the private step is refused, as on
 tf-keras.
 
-Not in this slice: ``dense_optimizer`` / ``table_optimizer`` and LazyDP
-(its read hooks and optimizer coupling are issue 21 item 1), refused by name.
+``dense_optimizer`` (a Keras 3 optimizer, e.g. ``keras.optimizers.Adam``)
+post-processes the noised gradients of the non-table variables, as on
+tf-keras; tables keep this optimizer's plain SGD. Not in this slice:
+``table_optimizer`` and LazyDP (its read hooks and optimizer coupling are
+issue 21 item 1), refused by name.
 
 Example::
 
@@ -68,11 +71,13 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
     """Keras 3 SGD whose :meth:`private_step` clips per example and applies a mechanism's noise.
 
     Args: as :class:`tfdp_sparse.keras.DPOptimizer` (``mechanism``, ``learning_rate``,
-    ``expected_batch_size``, ``momentum``), without ``dense_optimizer`` / ``table_optimizer``.
+    ``expected_batch_size``, ``momentum``, ``dense_optimizer``: a Keras 3 optimizer for the
+    non-table variables), without ``table_optimizer``.
     """
 
     def __init__(self, mechanism: Mechanism, learning_rate=0.01, expected_batch_size: Optional[int] = None,
-                 momentum: float = 0.0, name: str = "DPOptimizer", **kwargs):
+                 momentum: float = 0.0, name: str = "DPOptimizer",
+                 dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None, **kwargs):
         for key in REFUSED_KWARGS:
             if kwargs.get(key) not in (None, False):
                 raise ValueError(f"DPOptimizer does not support {key}={kwargs[key]!r}: it would change the "
@@ -81,7 +86,10 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
             raise TypeError(f"mechanism must be a tfdp_sparse Mechanism, got {type(mechanism).__name__}")
         refuse_unsupported_on_keras_3(mechanism.plan)
         check_expected_batch_size(expected_batch_size, mechanism)
+        if dense_optimizer is not None and not isinstance(dense_optimizer, tf.keras.optimizers.Optimizer):
+            raise TypeError(f"dense_optimizer must be a Keras 3 optimizer, got {type(dense_optimizer).__name__}")
         super().__init__(learning_rate=learning_rate, momentum=momentum, name=name, **kwargs)
+        self.dense_optimizer = dense_optimizer
         self.mechanism = mechanism
         self.expected_batch_size = expected_batch_size
         self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
@@ -94,6 +102,8 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         recorder = self._taps.attach(model, registry)
         if model.trainable_variables:
             self.build(model.trainable_variables)
+            if self.dense_optimizer is not None:
+                self.dense_optimizer.build(model.trainable_variables)  # slots made once, outside the traced step
         return recorder
 
     def is_attached_to(self, model: tf.keras.Model) -> bool:
@@ -123,7 +133,19 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         if update.clipped_fraction is not None:
             updates.append(self.last_clipped_fraction.assign(update.clipped_fraction))
         with tf.control_dependencies(updates), self.privatized():
-            self.apply_gradients(pairs)
+            if self.dense_optimizer is None:
+                self.apply_gradients(pairs)
+                return tf.convert_to_tensor(self.iterations)
+            tables = {v.ref() for v, t in zip(tf_vars, update.is_table) if t}
+            table_pairs = [(g, by_ref[v.ref()]) for g, v in update.pairs if v.ref() in tables]
+            dense_pairs = [(g, by_ref[v.ref()]) for g, v in update.pairs if v.ref() not in tables]
+            # Post-processing of the noised gradient: any optimizer for the dense variables, plain SGD for tables.
+            if dense_pairs:
+                self.dense_optimizer.apply_gradients(dense_pairs)
+            if table_pairs:
+                self.apply_gradients(table_pairs)  # increments iterations
+            else:
+                self.iterations.assign_add(1)
             return tf.convert_to_tensor(self.iterations)
 
     @contextlib.contextmanager

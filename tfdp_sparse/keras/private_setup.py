@@ -244,11 +244,11 @@ def _keras_3_optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, option
     """The Keras 3 stack's optimizer (what it does not cover yet is refused before the rule is built)."""
     from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer, refuse_unsupported_on_keras_3
 
-    refuse_unsupported_on_keras_3(resolved.plan, dense_optimizer=options.dense_optimizer,
-                                  table_optimizer=options.table_optimizer)
+    refuse_unsupported_on_keras_3(resolved.plan, table_optimizer=options.table_optimizer)
     mechanism = mechanism if mechanism is not None else resolved.plan.make_rule(options.noise_seed)
     mechanism.bind_model(model)
-    return Keras3DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size)
+    return Keras3DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size,
+                             dense_optimizer=options.dense_optimizer)
 
 
 def open_ledger(mechanism: Mechanism, options: SetupOptions) -> PrivacyLedger:

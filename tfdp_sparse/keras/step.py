@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping.user_norms import UserClipping, UserSegments
 from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.keras.regularization import regularization_gradients
 
@@ -64,7 +65,9 @@ class PrivateStep:
     Args:
       model: a Keras model built from supported layers.
       loss_fn: ``loss_fn(labels, predictions) -> [B]`` per-example losses.
-      optimizer: a :class:`DPOptimizer` (attached to ``model`` here if it is not yet).
+      optimizer: a :class:`DPOptimizer`, or on Keras 3 a
+        :class:`~tfdp_sparse.keras.optimizer_keras3.Keras3DPOptimizer` (the trainers' setup,
+        ``prepare_private``, picks the stack's); attached to ``model`` here if it is not yet.
       jit_compile: compile the step with XLA (a performance setting only).
       unit: the privacy unit; at the user level every call passes the batch's
         ``user_ids`` (int ``[B]``) and each user's summed gradient is clipped.
@@ -72,8 +75,9 @@ class PrivateStep:
 
     def __init__(self, model: tf.keras.Model, loss_fn: PerExampleLoss, optimizer: DPOptimizer, jit_compile: bool = False,
                  unit: PrivacyUnitConfig = PrivacyUnitConfig()):
-        if not isinstance(optimizer, DPOptimizer):
-            raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}")
+        if not isinstance(optimizer, (DPOptimizer, Keras3DPOptimizer)):
+            raise TypeError(f"optimizer must be a DPOptimizer (Keras3DPOptimizer on Keras 3), got "
+                            f"{type(optimizer).__name__}")
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer

@@ -1,8 +1,13 @@
-"""Toolkit layers (tf-keras only: see ``_keras_check``)."""
+"""Toolkit layers, on either Keras stack (tf-keras, or Keras 3 on TensorFlow: ``tfdp_sparse.keras_stack``).
 
-from tfdp_sparse._keras_check import require_tf_keras
+``DPEmbedding`` subclasses the process's ``tf.keras.layers.Layer``; the
+stack-specific points are :mod:`tfdp_sparse.keras_stack`'s. Without any
+Keras, the import fails naming the fix (``_keras_check.require_keras``).
+"""
 
-require_tf_keras()  # before the layers subclass tf.keras: Keras 3 fails here, with the fix
+from tfdp_sparse._keras_check import require_keras
+
+require_keras()  # before the layers subclass tf.keras: no Keras at all fails here, with the fix
 
 
 from tfdp_sparse.layers.embedding import DPEmbedding, FlushedReadsMixin, flush_model_tables

@@ -29,6 +29,15 @@ of the whole table go through :meth:`DPEmbedding.read_table` (or
 model), which run the hooks for every row; a raw read of the variable
 (``layer.embeddings.numpy()``) runs none.
 
+Both Keras stacks (one definition): the layer subclasses the process's
+``tf.keras.layers.Layer``. On Keras 3 ``layer.embeddings`` is a
+``keras.Variable``; every read, hook and tap uses :attr:`DPEmbedding.table`,
+the ``tf.Variable`` behind it (:func:`tfdp_sparse.keras_stack.as_tf_variable`),
+so gathers stay ``ResourceGather`` and the table's gradient stays
+``tf.IndexedSlices`` on either stack. Saving: ``model.save("m.keras")`` and
+``save_weights`` on Keras 3, with ``custom_objects={"DPEmbedding": DPEmbedding}``
+when loading (nothing is registered globally at import).
+
 Example::
 
     layer = DPEmbedding(vocab_size=1000, dim=8, combiner="mean")
@@ -45,6 +54,7 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping import taps
 from tfdp_sparse.distribute.shards import is_sharded, locate_rows
+from tfdp_sparse.keras_stack import as_tf_variable, sublayers
 
 ReadHook = Callable[[tf.Variable, tf.Tensor], Optional[tf.Operation]]
 
@@ -109,6 +119,14 @@ class DPEmbedding(tf.keras.layers.Layer):
         )
         super().build(input_shape)
 
+    @property
+    def table(self) -> tf.Variable:
+        """The table's ``tf.Variable`` (or ``ShardedVariable``): ``embeddings`` itself on tf-keras, its ``.value`` on Keras 3.
+
+        Example: ``layer.table.sparse_read(ids)`` reads rows on either stack.
+        """
+        return as_tf_variable(self.embeddings)
+
     def add_read_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
         """Registers ``hook(table, unique_ids)`` to run before rows are read.
 
@@ -143,7 +161,7 @@ class DPEmbedding(tf.keras.layers.Layer):
         """
         ops = []
         for hook in self._hooks(training):
-            op = hook(self.embeddings, unique_ids) if shard_ids is None else hook(self.embeddings, unique_ids, shard_ids)
+            op = hook(self.table, unique_ids) if shard_ids is None else hook(self.table, unique_ids, shard_ids)
             if op is not None:
                 ops.append(op)
         return ops
@@ -163,13 +181,13 @@ class DPEmbedding(tf.keras.layers.Layer):
                                                    message=f"{self.name}: id outside the table of "
                                                            f"{self.vocab_size} rows"))
             checks.append(tf.debugging.assert_non_negative(ids, message=f"{self.name}: negative id in read_rows"))
-        if is_sharded(self.embeddings):
+        if is_sharded(self.table):
             return self._sharded_read(ids, tf.ones_like(ids, tf.bool), checks, training)
         if self._hooks(training):
             with tf.control_dependencies(checks):
                 checks += self._run_hooks(tf.unique(ids)[0], training)
         with tf.control_dependencies(checks):
-            return tf.nn.embedding_lookup(self.embeddings, ids)
+            return tf.nn.embedding_lookup(self.table, ids)
 
     def read_table(self, training=None) -> tf.Tensor:
         """The whole table ``[V, d]``, read like a lookup of every row (hooks run first).
@@ -193,7 +211,7 @@ class DPEmbedding(tf.keras.layers.Layer):
             raise ValueError(f"{self.name}: read_table needs a built layer (call it on a batch first)")
         ops = self._run_hooks(tf.range(self.vocab_size, dtype=tf.int64), training)
         with tf.control_dependencies(ops):
-            return tf.convert_to_tensor(self.embeddings)  # a ShardedVariable has no read_value
+            return tf.convert_to_tensor(self.table)  # a ShardedVariable has no read_value
 
     def get_weights(self):
         """``[table]`` as NumPy, read through :meth:`read_table` (pending noise applied first)."""
@@ -236,13 +254,13 @@ class DPEmbedding(tf.keras.layers.Layer):
                     )
                 )
         valid = ids >= 0
-        if is_sharded(self.embeddings):
+        if is_sharded(self.table):
             return ids, self._sharded_read(ids, valid, checks, training)
         safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
         if self._hooks(training):
             checks += self._run_hooks(tf.unique(tf.boolean_mask(ids, valid))[0], training)
         with tf.control_dependencies(checks):
-            rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)  # ResourceGather [B, L, d]
+            rows = tf.nn.embedding_lookup(self.table, safe_ids)  # ResourceGather [B, L, d]
         return ids, rows
 
     def _sharded_read(self, ids: tf.Tensor, valid: tf.Tensor, checks: list, training) -> tf.Tensor:
@@ -254,7 +272,7 @@ class DPEmbedding(tf.keras.layers.Layer):
         Padding (``valid`` false) reads zeros. ``tf.gather`` on the ``ShardedVariable``
         itself would return rows in shard order, not id order.
         """
-        table = self.embeddings
+        table = self.table
         flat_valid = tf.reshape(valid, [-1])
         unique, index = tf.unique(tf.boolean_mask(tf.reshape(ids, [-1]), flat_valid))
         shard_of, local = locate_rows(unique, table)
@@ -293,7 +311,7 @@ class DPEmbedding(tf.keras.layers.Layer):
         return self.pool(*self.lookup(inputs, training))
 
     def compute_output_shape(self, input_shape):
-        return tf.TensorShape([input_shape[0], self.dim])
+        return (tuple(input_shape)[0], self.dim)  # a tuple: what both stacks accept
 
     def get_config(self):
         config = super().get_config()
@@ -314,7 +332,7 @@ def dp_embedding_rule(layer: DPEmbedding, recorder: taps.TapRecorder, call, inpu
     :class:`~tfdp_sparse.clipping.taps.EmbeddingTap`, then pools as ``call`` does.
     """
     ids, rows = layer.lookup(inputs, training)
-    recorder.record(taps.EmbeddingTap(layer.embeddings, ids, rows, layer.name))
+    recorder.record(taps.EmbeddingTap(layer.table, ids, rows, layer.name))
     return layer.pool(ids, rows)
 
 
@@ -331,11 +349,11 @@ def flush_model_tables(model: tf.Module) -> list:
         weights = model.get_weights()
     """
     seen, tables = set(), []
-    for layer in [model] + list(model.submodules):
-        if isinstance(layer, DPEmbedding) and layer.built and layer.embeddings.ref() not in seen:
-            seen.add(layer.embeddings.ref())
+    for layer in [model] + sublayers(model):
+        if isinstance(layer, DPEmbedding) and layer.built and layer.table.ref() not in seen:
+            seen.add(layer.table.ref())
             layer.read_table(training=False)
-            tables.append(layer.embeddings)
+            tables.append(layer.table)
     return tables
 
 

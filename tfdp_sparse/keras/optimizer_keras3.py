@@ -39,6 +39,7 @@ from tfdp_sparse.keras.optimizer import (BYPASS_MESSAGE, REFUSED_KWARGS, Unpriva
 from tfdp_sparse.keras.private_update import private_update
 from tfdp_sparse.keras_stack import as_tf_variable
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.mechanisms.plans.base import Plan
 from tfdp_sparse.mechanisms.plans.lazydp import LazyDPPlan
 
@@ -116,7 +117,8 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         keras_vars = list(var_list)
         tf_vars = [as_tf_variable(v) for v in keras_vars]
         update = private_update(self.mechanism, self.expected_batch_size, per_example_loss, tf_vars, tape,
-                                self.recorder().take(), regularization_grads, users=users)
+                                self.recorder().take(), regularization_grads, users=users,
+                                context=self.step_context())
         by_ref = {t.ref(): k for t, k in zip(tf_vars, keras_vars)}
         pairs = [(g, by_ref[v.ref()]) for g, v in update.pairs]
         updates = [self.last_embedding_values.assign(update.embedding_values)]
@@ -125,6 +127,16 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         with tf.control_dependencies(updates), self.privatized():
             self.apply_gradients(pairs)
             return tf.convert_to_tensor(self.iterations)
+
+    def step_context(self) -> StepContext:
+        """The :class:`StepContext` of the step about to be applied, from Keras 3's public API.
+
+        Keras 3's ``learning_rate`` property evaluates a schedule at the
+        current ``iterations`` (the rate this step's update uses).
+        Example: ``opt.step_context().step`` is ``opt.iterations`` (0 before the first step).
+        """
+        return StepContext.of(tf.convert_to_tensor(self.iterations), tf.convert_to_tensor(self.learning_rate),
+                              self.expected_batch_size)
 
     @contextlib.contextmanager
     def privatized(self) -> Iterator[None]:

@@ -20,7 +20,7 @@ O(rows) work per step (which LazyDP removes).
 Example::
 
     with strategy.scope():
-        mech = ServerNoiseDPSGD(noise_multiplier=1.0, l2_norm_clip=1.0)
+        mech = ServerNoiseDPSGD.of(noise_multiplier=1.0, l2_norm_clip=1.0)
         opt = ShardedDPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)
         opt.attach(model)
 """

@@ -232,7 +232,7 @@ def _optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: Setup
         return continued
     if is_keras_3():
         return _keras_3_optimizer(resolved, shape, model, options, mechanism)
-    mechanism = mechanism if mechanism is not None else resolved.plan.make_rule(options.noise_seed)
+    mechanism = mechanism if mechanism is not None else mechanisms_lib.build_rule(resolved.plan, options.noise_seed)
     mechanism.bind_model(model)
     return DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size,
                        dense_optimizer=options.dense_optimizer, table_optimizer=options.table_optimizer,
@@ -246,7 +246,7 @@ def _keras_3_optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, option
 
     refuse_unsupported_on_keras_3(resolved.plan, dense_optimizer=options.dense_optimizer,
                                   table_optimizer=options.table_optimizer)
-    mechanism = mechanism if mechanism is not None else resolved.plan.make_rule(options.noise_seed)
+    mechanism = mechanism if mechanism is not None else mechanisms_lib.build_rule(resolved.plan, options.noise_seed)
     mechanism.bind_model(model)
     return Keras3DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size)
 

@@ -67,6 +67,17 @@ from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.noise_source import NoiseSource
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
+#: What a rule's ``noise`` argument may be: ``None`` (OS entropy), a seed (reproducible, not private), a NoiseSource.
+Noise = Union[None, int, NoiseSource]
+
+
+def noise_source_of(noise: Noise) -> NoiseSource:
+    """The :class:`NoiseSource` of a rule's ``noise`` argument.
+
+    >>> noise_source_of(3).noise_seed
+    3
+    """
+    return noise if isinstance(noise, NoiseSource) else NoiseSource(noise)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,17 +194,25 @@ class Mechanism(tf.Module, abc.ABC):
     ``setup_event``, ``not_private_reason``, ``describe``,
     ``required_accountant`` and ``needs_lookups`` delegate to it.
 
+    Every rule is built as ``Rule(plan, noise)`` (what
+    :func:`tfdp_sparse.mechanisms.build` calls for the rule registered with
+    the plan's name); the built-in rules also offer ``Rule.of(...)`` with
+    their settings as arguments.
+
     Args:
       plan: the settings and accounting of this rule.
-      seed: ``None`` (default): noise seeded from OS entropy, the only
-        private choice. An integer: reproducible noise for tests and
-        debugging (the run is then labelled not private).
+      noise: ``None`` (default): noise seeded from OS entropy, the only
+        private choice. An integer seed (or a reproducible
+        :class:`NoiseSource`): reproducible noise for tests and debugging
+        (the run is then labelled not private).
     """
 
-    def __init__(self, plan: Plan, seed: Optional[int] = None):
+    def __init__(self, plan: Plan, noise: Noise = None):
+        if not isinstance(plan, Plan):
+            raise TypeError(f"{type(self).__name__}(plan, noise) needs a Plan, got {type(plan).__name__}")
         super().__init__(name=f"{plan.name or 'mechanism'}_mechanism")
         self._plan = plan
-        self._noise_source = NoiseSource(seed)
+        self._noise_source = noise_source_of(noise)
         self.rng = self._noise_source.tf_generator()
         self._dense_blocks = DenseNoiseBlocks.empty()  # a step's pre-drawn dense noise, only inside privatize
 

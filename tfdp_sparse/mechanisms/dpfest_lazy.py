@@ -30,7 +30,7 @@ through ``DPEmbedding``. Accounting is DP-FEST's (:mod:`.plans.dpfest`).
 
 Example::
 
-    mech = LazyDPFEST(noise_multiplier=1.0, l2_norm_clip=1.0, k=1000, kept_ids=[ids])
+    mech = LazyDPFEST.of(noise_multiplier=1.0, l2_norm_clip=1.0, k=1000, kept_ids=[ids])
     mech.bind_model(model)                         # selection and read hooks
     opt = DPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)
     ...train...

@@ -71,7 +71,7 @@ cost proportional to the number of skipped steps.
 
 Example::
 
-    mech = LazyDP(noise_multiplier=1.0, l2_norm_clip=1.0, seed=0)
+    mech = LazyDP.of(noise_multiplier=1.0, l2_norm_clip=1.0, seed=0)
     mech.bind_model(model)                       # built model with DPEmbedding
     opt = DPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)
     ...train...
@@ -86,7 +86,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_duplicates
+from tfdp_sparse.mechanisms.base import Gradient, Mechanism, Noise, NoisedGradients, StepGrads, sum_duplicates
 from tfdp_sparse.mechanisms.binding import bound_mechanisms  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.lazydp_binding import LazyBinding, _Tables
@@ -103,28 +103,26 @@ _INITIAL_STEPS = 1024
 class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
     """DP-SGD with lazily applied, aggregated noise on embedding tables.
 
-    Args:
+    Built as ``LazyDP(plan, noise)`` (or ``LazyDP.of(noise_multiplier, l2_norm_clip, seed, aggregate,
+    dense_fallback)``). Plan settings (:class:`LazyDPPlan`):
       noise_multiplier: sigma (>= 0).
       l2_norm_clip: per-example clipping bound C (> 0).
-      seed: seed of the noise generator (``None``: non-deterministic).
       aggregate: one draw for all skipped steps of a row (default); ``False``
         draws once per skipped step (benchmark baseline, same distribution).
       dense_fallback: give plain ``tf.keras.layers.Embedding`` tables dense
         DP-SGD noise every step instead of refusing them in ``bind_model``.
     """
 
-    def __init__(
-        self,
-        noise_multiplier: float,
-        l2_norm_clip: float,
-        seed: Optional[int] = None,
-        aggregate: bool = True,
-        dense_fallback: bool = False,
-    ):
-        plan = LazyDPPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, aggregate=aggregate,
-                          dense_fallback=dense_fallback)
-        super().__init__(plan, seed=seed)
+    def __init__(self, plan: LazyDPPlan, noise: Noise = None):
+        super().__init__(plan, noise)
         self._init_lazy_state()
+
+    @classmethod
+    def of(cls, noise_multiplier: float, l2_norm_clip: float, seed: Optional[int] = None, aggregate: bool = True,
+           dense_fallback: bool = False) -> "LazyDP":
+        """``LazyDP(LazyDPPlan(...), seed)``. Example: ``LazyDP.of(1.0, 1.0, seed=0)``."""
+        return cls(LazyDPPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, aggregate=aggregate,
+                              dense_fallback=dense_fallback), seed)
 
     def _init_lazy_state(self) -> None:
         """The rate sum and the (empty) per-table state; also used by rules that reuse LazyDP's deferral."""
@@ -277,4 +275,4 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
 
 def from_config(config, seed: Optional[int] = None) -> LazyDP:
     """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.lazydp`)."""
-    return plan_from_config(config).make_rule(seed)
+    return LazyDP(plan_from_config(config), seed)

@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import tensorflow as tf
 
@@ -352,13 +353,14 @@ class LazyCatchUp:
         if completed_steps < 0 or completed_steps >= recorded:
             raise ValueError(f"LazyDP.resume_at({completed_steps}): must be in [0, {recorded}) (the rate record "
                              f"holds {recorded} entries)")
+        self._check_consistent(completed_steps)
         self.completed_steps.assign(completed_steps)
-        self._check_consistent()
 
-    def _check_consistent(self) -> None:
+    def _check_consistent(self, k: Optional[int] = None) -> None:
+        """Eagerly: refuses histories ahead of step ``k`` (default: the step record)."""
         if not tf.executing_eagerly():
             return
-        k = int(self.completed_steps.numpy())
+        k = int(self.completed_steps.numpy()) if k is None else k
         for name, history in zip(self._tables.names, self._histories):
             owing = tf.convert_to_tensor(history)
             owing = tf.where(owing == NEVER_OWES, tf.zeros_like(owing), owing)

@@ -45,11 +45,6 @@ class EANAPlan(NoisePlan):
     def describe(self) -> dict:
         return {**super().describe(), "differentially_private": False, "not_private_reason": NOT_PRIVATE_REASON}
 
-    def make_rule(self, seed: Optional[int] = None):
-        from tfdp_sparse.mechanisms.eana import EANA
-
-        return EANA(self.noise_multiplier, self.l2_norm_clip, seed=seed)
-
 
 def plan_from_config(config) -> EANAPlan:
     """Registry constructor (see :mod:`tfdp_sparse.mechanisms`)."""

@@ -69,12 +69,6 @@ class LazyDPPlan(NoisePlan):
     def describe(self) -> dict:
         return {**super().describe(), "aggregate": self.aggregate, "dense_fallback": self.dense_fallback}
 
-    def make_rule(self, seed: Optional[int] = None):
-        from tfdp_sparse.mechanisms.lazydp import LazyDP
-
-        return LazyDP(self.noise_multiplier, self.l2_norm_clip, seed=seed, aggregate=self.aggregate,
-                      dense_fallback=self.dense_fallback)
-
 
 def plan_from_config(config) -> LazyDPPlan:
     """Registry constructor; knobs ``aggregate`` (default true), ``dense_fallback`` (default false)."""

@@ -49,8 +49,8 @@ def _pure_noise(mech: Mechanism, variables, predraw: bool):
 @pytest.mark.parametrize("rule", [DPSGD, EANA])
 def test_dense_only_noise_is_bit_identical_to_the_synchronous_path(rule):
     variables = _dense_variables()
-    sync = _pure_noise(rule(SIGMA, CLIP, seed=11), variables, predraw=False)
-    early = _pure_noise(rule(SIGMA, CLIP, seed=11), variables, predraw=True)
+    sync = _pure_noise(rule.of(SIGMA, CLIP, seed=11), variables, predraw=False)
+    early = _pure_noise(rule.of(SIGMA, CLIP, seed=11), variables, predraw=True)
     for _ in range(3):
         for a, b in zip(sync(), early()):
             assert a.tobytes() == b.tobytes()
@@ -134,7 +134,7 @@ def test_a_block_is_handed_out_once():
     assert blocks.take(kernel, 1.0) is not None
     assert blocks.take(kernel, 1.0) is None and len(blocks) == 0
 
-    mech = _AsksTwice(SIGMA, CLIP, seed=4)
+    mech = _AsksTwice.of(SIGMA, CLIP, seed=4)
     first, second = mech.privatize([None], [kernel], [False], predraw_dense=True).grads
     replica = NoiseSource.reproducible(4).tf_generator()
     assert first.numpy().tobytes() == replica.normal([4, 3], stddev=STD).numpy().tobytes()

@@ -49,7 +49,7 @@ def _zero_gradient_run(kept_noise: KeptNoise):
     ids = tf.keras.Input(shape=(1,), dtype=tf.int64)
     model = tf.keras.Model(ids, DPEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="emb")(ids))
     rule = LazyDPFEST if kept_noise is KeptNoise.LAZY else DPFEST
-    mech = rule(SIGMA, CLIP, kept_ids=[KEPT], seed=3)
+    mech = rule.of(SIGMA, CLIP, kept_ids=[KEPT], seed=3)
     mech.bind_model(model)
     step = PrivateStep(model, _zero_loss, DPOptimizer(mech, schedule, expected_batch_size=BATCH))
     table = model.get_layer("emb").embeddings

@@ -207,7 +207,7 @@ class TestLazyDPContract(MechanismContract):
 
     def prepare(self, mech, model):
         mech.bind_model(model)
-        self.optimizer = DPOptimizer(mech, learning_rate=self.ETA, expected_batch_size=self.B)  # mech keeps a weakref
+        self.optimizer = DPOptimizer(mech, learning_rate=self.ETA, expected_batch_size=self.B)  # mech records B
 
     def update_rows(self):
         return LOOKED_UP

@@ -39,7 +39,6 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms import adafest
-from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.bucket_selection import BucketSelection
 from tfdp_sparse.mechanisms.dpfest import UsesSelection, selection_for
 from tfdp_sparse.mechanisms.plans.adafest_plus import KNOBS, AdaFESTPlusPlan, plan_from_config  # noqa: F401

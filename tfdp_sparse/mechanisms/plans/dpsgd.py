@@ -9,7 +9,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import dp_accounting
 

@@ -12,7 +12,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from tfdp_sparse.mechanisms.plans.base import NoisePlan
 

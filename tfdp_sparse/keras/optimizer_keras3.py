@@ -10,8 +10,11 @@ table's ``tf.IndexedSlices`` by scatter and has no momentum slots at zero
 momentum). ``apply_gradients`` outside the private step is refused, as on
 tf-keras.
 
+The rule gets the step and the learning rate from :meth:`Keras3DPOptimizer.step_context`
+(Keras 3's public ``iterations`` and ``learning_rate``), as on tf-keras.
+
 Not in this slice: ``dense_optimizer`` / ``table_optimizer`` and LazyDP
-(its read hooks and optimizer coupling are issue 21 item 1), refused by name.
+(its read hooks need a Keras 3 ``DPEmbedding``), refused by name.
 
 Example::
 
@@ -45,8 +48,8 @@ from tfdp_sparse.mechanisms.plans.lazydp import LazyDPPlan
 
 #: Why LazyDP is refused on Keras 3 in this slice.
 LAZYDP_KERAS_3 = (
-    "LazyDP is not supported on Keras 3 yet: its catch-up read hooks live on tfdp_sparse.layers.DPEmbedding and "
-    "it reads the optimizer's learning rate and iterations (issue 21 item 1 replaces both by a step context). Use "
+    "LazyDP is not supported on Keras 3 yet: its catch-up read hooks live on tfdp_sparse.layers.DPEmbedding, a "
+    "tf-keras layer (this optimizer already gives it the step context it needs: step_context()). Use "
     "DP-SGD, EANA, DP-FEST or DP-AdaFEST on Keras 3, or LazyDP on tf-keras (TF_USE_LEGACY_KERAS=1)"
 )
 

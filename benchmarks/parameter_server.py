@@ -78,7 +78,7 @@ def _mechanism(algorithm: str):
     from tfdp_sparse.mechanisms import build
 
     if algorithm == "dpsgd_server":
-        return ServerNoiseDPSGD(noise_multiplier=1.0, l2_norm_clip=1.0)
+        return ServerNoiseDPSGD.of(noise_multiplier=1.0, l2_norm_clip=1.0)
     if algorithm == "dpsgd_worker":
         return build(PrivacyConfig(algorithm="dpsgd"))
     # DP-AdaFEST's threshold from the public rule: about FALSE_POSITIVES rows nobody looked up pass per step

@@ -27,6 +27,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.plans.base import Plan
+from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.mechanisms.tables import table_infos
 
 VOCAB, WIDTH, HIDDEN = 1000, 8, 256
@@ -154,16 +155,24 @@ class MechanismContract:
         assert variables[0] is model.get_layer("table").embeddings
         return mech, model, variables, is_table
 
+    #: Learning rate and expected batch size of the step contexts the contract's optimizer stand-in gives.
+    ETA, B = 0.5, 64
+
     def privatize_fn(self, mech: Mechanism, variables, is_table):
-        """``privatize`` as the optimizer calls it (with lookups iff the plan requires them), in a graph."""
+        """``privatize`` as the optimizer calls it (with lookups iff the plan requires them, and a step
+        context whose step advances per call), in a graph."""
         lookups = [tf.constant(LOOKUPS)] + [None] * (len(variables) - 1)
+        completed = tf.Variable(tf.constant(0, tf.int64), trainable=False)
 
         @tf.function(autograph=False)
         def run(grads):
+            context = StepContext.of(completed, self.ETA, self.B)
             if mech.needs_lookups:
-                out = mech.privatize(grads, variables, is_table, lookups=lookups)
+                out = mech.privatize(grads, variables, is_table, lookups=lookups, context=context)
             else:
-                out = mech.privatize(grads, variables, is_table)
+                out = mech.privatize(grads, variables, is_table, context=context)
+            with tf.control_dependencies([out.embedding_values]):
+                completed.assign_add(1)
             return out.grads, out.embedding_values
 
         return run
@@ -278,11 +287,12 @@ class MechanismContract:
         assert requires.accountant == mech.required_accountant
         assert requires.private_selection == mech.needs_private_selection  # (no selection made yet)
         grads = _clipped_sums(variables, zero=False)
+        context = StepContext.of(0, self.ETA, self.B)
         if requires.lookups:
             with pytest.raises(ValueError, match="looked-up ids"):
-                mech.privatize(grads, variables, is_table)
+                mech.privatize(grads, variables, is_table, context=context)
         else:
-            mech.privatize(grads, variables, is_table)  # no lookups needed
+            mech.privatize(grads, variables, is_table, context=context)  # no lookups needed
         for optimizer, required in ((tf.keras.optimizers.SGD(0.1), requires.fixed_batch),
                                     (tf.keras.optimizers.Adam(0.1), requires.plain_sgd_tables)):
             if required:

@@ -137,7 +137,7 @@ def test_zero_momentum_allocates_no_table_sized_slots():
     assert max(int(np.prod(v.shape)) for v in opt.variables) < 1000
 
 
-@pytest.mark.parametrize("mechanism", [DPSGD(1.0, 1.0), DPSGD(0.0, 1.0), EANA(1.0, 1.0)], ids=["dpsgd", "sigma0", "eana"])
+@pytest.mark.parametrize("mechanism", [DPSGD(1.0, 1.0), DPSGD(0.0, 1.0), EANA.of(1.0, 1.0)], ids=["dpsgd", "sigma0", "eana"])
 def test_private_mechanism_requires_expected_batch_size(mechanism):
     """Dividing by each batch's size would leak it under Poisson sampling (issue 8, item 6)."""
     with pytest.raises(ValueError, match=f"expected_batch_size for the private mechanism '{mechanism.name}'"):

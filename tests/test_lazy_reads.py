@@ -26,7 +26,7 @@ ROWS, LENGTH, BATCH, STEPS = 40, 3, 4, 3
 
 def _train(model, loss_fn, batches, sigma=1.0):
     """A few LazyDP steps through :class:`PrivateStep`."""
-    mech = LazyDP(sigma, 1.0, seed=0)
+    mech = LazyDP.of(sigma, 1.0, seed=0)
     mech.bind_model(model)
     opt = DPOptimizer(mech, learning_rate=0.5, expected_batch_size=BATCH)
     step = PrivateStep(model, loss_fn, opt)

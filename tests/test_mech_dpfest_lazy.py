@@ -49,7 +49,7 @@ def _zero_gradient_run(kept_noise: KeptNoise):
     ids = tf.keras.Input(shape=(1,), dtype=tf.int64)
     model = tf.keras.Model(ids, DPEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="emb")(ids))
     rule = LazyDPFEST if kept_noise is KeptNoise.LAZY else DPFEST
-    mech = rule(SIGMA, CLIP, kept_ids=[KEPT], seed=3)
+    mech = rule.of(SIGMA, CLIP, kept_ids=[KEPT], seed=3)
     mech.bind_model(model)
     step = PrivateStep(model, _zero_loss, DPOptimizer(mech, schedule, expected_batch_size=BATCH))
     table = model.get_layer("emb").embeddings
@@ -98,8 +98,8 @@ TINY_KEPT = np.array([0, 2, 3, 5])  # rows 1 and 4 are read but not kept; 5 is k
 
 
 def test_real_gradients_match_eager_dpfest_in_mean_and_variance():
-    lazy = _replicates(lambda s: LazyDPFEST(1.0, 1.0, kept_ids=[TINY_KEPT], seed=s), seed=11)
-    eager = _replicates(lambda s: DPFEST(1.0, 1.0, kept_ids=[TINY_KEPT], seed=s), seed=12)
+    lazy = _replicates(lambda s: LazyDPFEST.of(1.0, 1.0, kept_ids=[TINY_KEPT], seed=s), seed=11)
+    eager = _replicates(lambda s: DPFEST.of(1.0, 1.0, kept_ids=[TINY_KEPT], seed=s), seed=12)
     coords = lazy.shape[1]
     not_kept = [2 * r + c for r in (1, 4) for c in (0, 1)]  # table rows 1 and 4, row-major, width 2
     np.testing.assert_array_equal(lazy[:, not_kept], eager[:, not_kept])  # never trained: the initial rows
@@ -125,7 +125,7 @@ def _pooled_model(vocab, dim, seed=0):
 
 def _trained(kept=np.arange(0, 40, 2), steps=3):
     model = _pooled_model(40, 4)
-    mech = LazyDPFEST(1.0, 1.0, kept_ids=[kept], seed=0)
+    mech = LazyDPFEST.of(1.0, 1.0, kept_ids=[kept], seed=0)
     mech.bind_model(model)
     step = PrivateStep(model, _bce, DPOptimizer(mech, learning_rate=0.2, expected_batch_size=4))
     rng = np.random.default_rng(0)
@@ -136,7 +136,7 @@ def _trained(kept=np.arange(0, 40, 2), steps=3):
 
 def test_step_touches_only_read_kept_rows_and_counts_them():
     model = _pooled_model(1000, 4)
-    mech = LazyDPFEST(1.0, 1.0, kept_ids=[np.array([3, 9, 11, 500])], seed=0)
+    mech = LazyDPFEST.of(1.0, 1.0, kept_ids=[np.array([3, 9, 11, 500])], seed=0)
     mech.bind_model(model)
     table = model.get_layer("emb").embeddings
     before = table.numpy()
@@ -146,7 +146,7 @@ def test_step_touches_only_read_kept_rows_and_counts_them():
     np.testing.assert_array_equal(changed, [3, 9, 11])  # 7 is read but not kept; 500 is kept, not read
     assert int(metrics["embedding_values"]) == 3 * 4
     assert mech.pending_rows() == {"emb": 1}
-    assert mech.step_event(0.01) == DPFEST(1.0, 1.0, kept_ids=[[3]]).step_event(0.01)
+    assert mech.step_event(0.01) == DPFEST.of(1.0, 1.0, kept_ids=[[3]]).step_event(0.01)
 
 
 def test_nothing_pending_is_exported_or_saved(tmp_path):
@@ -200,13 +200,13 @@ def test_adafest_plus_has_no_lazy_kept_noise_knob():
 
 def test_refuses_stateful_table_optimizers_momentum_and_plain_keras_tables():
     with pytest.raises(ValueError, match="TableAdagrad"):
-        DPOptimizer(LazyDPFEST(1.0, 1.0, kept_ids=[[1]]), 0.1, expected_batch_size=4,
+        DPOptimizer(LazyDPFEST.of(1.0, 1.0, kept_ids=[[1]]), 0.1, expected_batch_size=4,
                     table_optimizer=TableAdagrad(0.1))
     with pytest.raises(ValueError, match="momentum"):
-        DPOptimizer(LazyDPFEST(1.0, 1.0, kept_ids=[[1]]), 0.1, expected_batch_size=4, momentum=0.9)
+        DPOptimizer(LazyDPFEST.of(1.0, 1.0, kept_ids=[[1]]), 0.1, expected_batch_size=4, momentum=0.9)
     with pytest.raises(ValueError, match="expected_batch_size"):
-        DPOptimizer(LazyDPFEST(1.0, 1.0, kept_ids=[[1]]), 0.1)
+        DPOptimizer(LazyDPFEST.of(1.0, 1.0, kept_ids=[[1]]), 0.1)
     ids = tf.keras.Input(shape=(1,), dtype=tf.int64)
     plain = tf.keras.Model(ids, tf.keras.layers.Flatten()(tf.keras.layers.Embedding(10, 2, name="plain")(ids)))
     with pytest.raises(ValueError, match="kept_noise=eager"):
-        LazyDPFEST(1.0, 1.0, kept_ids=[[1]]).bind_model(plain)
+        LazyDPFEST.of(1.0, 1.0, kept_ids=[[1]]).bind_model(plain)

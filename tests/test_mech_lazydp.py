@@ -59,7 +59,7 @@ def _zero_gradient_run(aggregate: bool):
     tf.keras.utils.set_random_seed(0)
     ids = tf.keras.Input(shape=(1,), dtype=tf.int64)
     model = tf.keras.Model(ids, DPEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="emb")(ids))
-    mech = LazyDP(SIGMA, CLIP, seed=3, aggregate=aggregate)
+    mech = LazyDP.of(SIGMA, CLIP, seed=3, aggregate=aggregate)
     mech.bind_model(model)
     step = PrivateStep(model, _zero_loss, DPOptimizer(mech, schedule, expected_batch_size=BATCH))
     table = model.get_layer("emb").embeddings
@@ -160,8 +160,8 @@ def _replicates(make_mechanism, seed):
 
 
 def test_real_gradients_match_dense_dpsgd_in_mean_and_variance():
-    lazy = _replicates(lambda s: LazyDP(1.0, 1.0, seed=s), seed=11)
-    dense = _replicates(lambda s: DPSGD(1.0, 1.0, seed=s), seed=12)
+    lazy = _replicates(lambda s: LazyDP.of(1.0, 1.0, seed=s), seed=11)
+    dense = _replicates(lambda s: DPSGD.of(1.0, 1.0, seed=s), seed=12)
     coords = lazy.shape[1]
     assert coords == 6 * 2 + 2 + 1
     alpha = 0.01 / (2 * coords)  # Bonferroni over means and variances of every coordinate
@@ -184,7 +184,7 @@ def test_real_gradients_match_dense_dpsgd_in_mean_and_variance():
 
 def _trained(vocab=40, dim=4, steps=3, seed=0, sigma=1.0):
     model = _pooled_model(vocab, dim, seed=seed)
-    mech = LazyDP(sigma, 1.0, seed=seed)
+    mech = LazyDP.of(sigma, 1.0, seed=seed)
     mech.bind_model(model)
     opt = DPOptimizer(mech, learning_rate=0.2, expected_batch_size=4)
     step = PrivateStep(model, _bce, opt)
@@ -244,7 +244,7 @@ def test_keras_save_guard(tmp_path):
 
 def test_fit_with_callbacks_ends_flushed_and_checkpoints_see_flushed_rows(tmp_path):
     model = _pooled_model(50, 4)
-    mech = LazyDP(1.0, 1.0, seed=0)
+    mech = LazyDP.of(1.0, 1.0, seed=0)
     mech.bind_model(model)
     opt = DPOptimizer(mech, 0.1, expected_batch_size=8)
     opt.attach(model)
@@ -276,8 +276,8 @@ def test_fit_with_callbacks_ends_flushed_and_checkpoints_see_flushed_rows(tmp_pa
     assert not mech.has_pending()
 
 
-@pytest.mark.parametrize("make", [lambda seed: LazyDP(1.0, 1.0, seed=seed),
-                                  lambda seed: LazyDPFEST(1.0, 1.0, kept_ids=[np.arange(1, 30, 3)], seed=seed)],
+@pytest.mark.parametrize("make", [lambda seed: LazyDP.of(1.0, 1.0, seed=seed),
+                                  lambda seed: LazyDPFEST.of(1.0, 1.0, kept_ids=[np.arange(1, 30, 3)], seed=seed)],
                          ids=["lazydp", "dpfest_lazy"])
 def test_checkpoint_restore_continues_exactly(tmp_path, make):
     rng = np.random.default_rng(5)
@@ -323,7 +323,7 @@ def test_checkpoint_restore_continues_exactly(tmp_path, make):
 
 def test_step_touches_only_read_rows_and_counts_them():
     model = _pooled_model(1000, 4)
-    mech = LazyDP(1.0, 1.0, seed=0)
+    mech = LazyDP.of(1.0, 1.0, seed=0)
     mech.bind_model(model)
     table = model.get_layer("emb").embeddings
     before = table.numpy()
@@ -333,7 +333,7 @@ def test_step_touches_only_read_rows_and_counts_them():
     changed = np.where(np.any(table.numpy() != before, axis=1))[0]
     np.testing.assert_array_equal(changed, [3, 7, 9, 11])
     assert int(metrics["embedding_values"]) == 4 * 4
-    assert mech.step_event(0.01) == DPSGD(1.0, 1.0).step_event(0.01)
+    assert mech.step_event(0.01) == DPSGD.of(1.0, 1.0).step_event(0.01)
     assert mech.not_private_reason() is None
 
 
@@ -347,8 +347,8 @@ def test_keras_embedding_refused_or_dense_fallback():
     ])
     model = tf.keras.Model([a, b], tf.keras.layers.Dense(1)(h))
     with pytest.raises(ValueError, match="dense_fallback"):
-        LazyDP(1.0, 1.0).bind_model(model)
-    mech = LazyDP(1.0, 1.0, seed=0, dense_fallback=True)
+        LazyDP.of(1.0, 1.0).bind_model(model)
+    mech = LazyDP.of(1.0, 1.0, seed=0, dense_fallback=True)
     mech.bind_model(model)
     lazy, plain = model.get_layer("lazy").embeddings, model.get_layer("plain").embeddings
     lazy0, plain0 = lazy.numpy(), plain.numpy()
@@ -362,13 +362,13 @@ def test_keras_embedding_refused_or_dense_fallback():
 
 def test_memory_report_ratio():
     model = _pooled_model(5000, 64)
-    mech = LazyDP(1.0, 1.0)
+    mech = LazyDP.of(1.0, 1.0)
     mech.bind_model(model)
     report = mech.memory_report()
     assert report["history_ratio"] == 1 / 64 and report["history_ratio"] <= 0.02
     assert report["history_bytes"] == 5000 * 4 and report["history_dtype"] == "int32"
     narrow = _pooled_model(5000, 16)
-    mech16 = LazyDP(1.0, 1.0)
+    mech16 = LazyDP.of(1.0, 1.0)
     mech16.bind_model(narrow)
     assert mech16.memory_report()["history_ratio"] == 1 / 16  # int32 vs float32: 1/d
 
@@ -380,7 +380,7 @@ def test_registry_and_knobs():
     assert mech.describe() == {"algorithm": "lazydp", "l2_norm_clip": 2.0, "noise_multiplier": 0.7,
                                "aggregate": False, "dense_fallback": False}
     with pytest.raises(ValueError, match="aggregate"):
-        LazyDP(1.0, 1.0, aggregate="sometimes")
+        LazyDP.of(1.0, 1.0, aggregate="sometimes")
 
 
 # ----------------------------------------------------------------------------
@@ -390,27 +390,27 @@ def test_registry_and_knobs():
                                                (1.0, -2.0, "l2_norm_clip")])
 def test_bad_sigma_or_clip(sigma, clip, match):
     with pytest.raises(ValueError, match=match):
-        LazyDP(sigma, clip)
+        LazyDP.of(sigma, clip)
 
 
 def test_refuses_momentum_missing_batch_size_and_stateful_optimizers():
     with pytest.raises(ValueError, match="momentum=0.9"):
-        DPOptimizer(LazyDP(1.0, 1.0), 0.1, expected_batch_size=4, momentum=0.9)
+        DPOptimizer(LazyDP.of(1.0, 1.0), 0.1, expected_batch_size=4, momentum=0.9)
     with pytest.raises(ValueError, match="expected_batch_size"):
-        DPOptimizer(LazyDP(1.0, 1.0), 0.1)
+        DPOptimizer(LazyDP.of(1.0, 1.0), 0.1)
     with pytest.raises(TypeError, match="plain SGD"):
-        LazyDP(1.0, 1.0).check_optimizer(tf.keras.optimizers.Adam())
+        LazyDP.of(1.0, 1.0).check_optimizer(tf.keras.optimizers.Adam())
     model = _pooled_model(10, 2)
     model.compile(optimizer=tf.keras.optimizers.Adam(), loss="mse")
     with pytest.raises(ValueError, match="stateful optimizer such as Adam"):
-        LazyDP(1.0, 1.0).bind_model(model)
+        LazyDP.of(1.0, 1.0).bind_model(model)
 
 
 def test_refuses_unbound_or_unbuilt_models():
     with pytest.raises(ValueError, match="not built"):
-        LazyDP(1.0, 1.0).bind_model(tf.keras.Sequential([DPEmbedding(10, 2)]))
+        LazyDP.of(1.0, 1.0).bind_model(tf.keras.Sequential([DPEmbedding(10, 2)]))
     model = _pooled_model(10, 2)
-    mech = LazyDP(1.0, 1.0)
+    mech = LazyDP.of(1.0, 1.0)
     step = PrivateStep(model, _bce, DPOptimizer(mech, 0.1, expected_batch_size=4))
     with pytest.raises(ValueError, match="bind_model"):
         step(tf.constant([[0, 1]] * 4, tf.int64), tf.zeros([4]))
@@ -418,7 +418,7 @@ def test_refuses_unbound_or_unbuilt_models():
 
 def test_refuses_jit_compile():
     model = _pooled_model(10, 2)
-    mech = LazyDP(1.0, 1.0)
+    mech = LazyDP.of(1.0, 1.0)
     mech.bind_model(model)
     step = PrivateStep(model, _bce, DPOptimizer(mech, 0.1, expected_batch_size=4), jit_compile=True)
     with pytest.raises(ValueError, match="jit_compile"):

@@ -111,21 +111,21 @@ def test_adafest_step_at_the_user_level_keeps_only_rows_looked_up_and_adafest_pl
     unit = PrivacyUnitConfig.user(3)
     # sigma1 tiny, tau = 0.8 above one user's weight C1/sqrt(2) = 0.71: every row here is looked up by one
     # user only (its examples counted once), so none passes; per example rows 1-4 count 2-3 x 0.71 and pass.
-    mech = AdaFEST(sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, l2_norm_clip=1.0, seed=0)
+    mech = AdaFEST.of(sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, l2_norm_clip=1.0, seed=0)
     table = model.get_layer("emb").embeddings
     before = table.numpy().copy()
     step = PrivateStep(model, lambda y, p: tf.reduce_sum(p, axis=-1), DPOptimizer(mech, 0.1, batch), unit=unit)
     step(tf.constant(x), tf.zeros([batch]), tf.constant(users))
     changed = np.where(np.any(table.numpy() != before, axis=1))[0]
     assert changed.size == 0
-    mech_ex = AdaFEST(sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, l2_norm_clip=1.0, seed=0)
+    mech_ex = AdaFEST.of(sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, l2_norm_clip=1.0, seed=0)
     model_ex = _table_model(vocab)
     PrivateStep(model_ex, lambda y, p: tf.reduce_sum(p, axis=-1), DPOptimizer(mech_ex, 0.1, batch))(
         tf.constant(x), tf.zeros([batch]))
     table_ex = model_ex.get_layer("emb").embeddings
     assert set(np.where(np.any(table_ex.numpy() != before, axis=1))[0]) == {1, 2, 3, 4}
 
-    plus = AdaFESTPlus(BucketSelection(None, kept_ids=[np.arange(vocab)]), sigma1=1.0, sigma2=1.0, C1=1.0,
+    plus = AdaFESTPlus.of(BucketSelection(None, kept_ids=[np.arange(vocab)]), sigma1=1.0, sigma2=1.0, C1=1.0,
                        tau=1.0, l2_norm_clip=1.0, seed=0)
     step_plus = PrivateStep(_table_model(vocab), _zero_loss, DPOptimizer(plus, 0.1, batch), unit=unit)
     with pytest.raises(ValueError, match="DP-AdaFEST\\+ does not support the user level"):

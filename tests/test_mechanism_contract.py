@@ -207,7 +207,7 @@ class TestLazyDPContract(MechanismContract):
 
     def prepare(self, mech, model):
         mech.bind_model(model)
-        self.optimizer = DPOptimizer(mech, learning_rate=self.ETA, expected_batch_size=self.B)  # mech keeps a weakref
+        self.optimizer = DPOptimizer(mech, learning_rate=self.ETA, expected_batch_size=self.B)  # mech records B
 
     def update_rows(self):
         return LOOKED_UP
@@ -246,8 +246,12 @@ class TestToyContract(MechanismContract):
     tf_free_plan = False  # one module holds its plan and its TF rule
 
     @pytest.fixture(autouse=True)
-    def _registered(self, monkeypatch):
-        monkeypatch.setitem(mechanisms.ALGORITHMS, TOY, "tests.plugins.toy_mechanism")
+    def _registered(self):
+        from tests.plugins import toy_mechanism
+
+        toy_mechanism.register()
+        yield
+        mechanisms.unregister(TOY)
 
     def update_rows(self):
         return LOOKED_UP

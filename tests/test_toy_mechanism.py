@@ -20,9 +20,12 @@ TOY = "toy_touched_2sigma"
 
 
 @pytest.fixture
-def registered(monkeypatch):
-    monkeypatch.setitem(mechanisms.ALGORITHMS, TOY, "tests.plugins.toy_mechanism")
-    return TOY
+def registered():
+    from tests.plugins import toy_mechanism
+
+    toy_mechanism.register()  # the public register(name, plan, rule): no edit of the library
+    yield TOY
+    mechanisms.unregister(TOY)
 
 
 def test_toy_noise_is_two_sigma_c_on_touched_rows(registered):

@@ -72,7 +72,7 @@ def worker(index: int, ports: list) -> None:
     from tfdp_sparse.mechanisms.eana import EANA
 
     result = {"replicas": strategy.num_replicas_in_sync, "index": index}
-    mech = EANA(1.0, mc.CLIP)  # secure: each worker's generator starts from its own OS entropy
+    mech = EANA.of(1.0, mc.CLIP)  # secure: each worker's generator starts from its own OS entropy
     result["state_before"] = [int(v) for v in mech.rng.state.numpy()]
     with strategy.scope():
         model = mc._model(1)

@@ -2,25 +2,29 @@
 
 One module holds both halves: the pure-Python plan (:class:`TouchedRowsPlan`:
 settings, accounting, requirements) and the graph-side rule
-(:class:`TouchedRowsTwoSigma`). It reuses the library's helpers and nothing
-else; it is *not* differentially private (like EANA, the set of updated rows
-reveals which rows were read), so ``step_event`` is ``None`` with a reason.
-Registering it is one line in ``tfdp_sparse.mechanisms.ALGORITHMS`` naming
-this module (``KNOBS`` and ``plan_from_config``); the trainers need no change.
+(:class:`TouchedRowsTwoSigma`, built as ``TouchedRowsTwoSigma(plan, noise)``).
+It reuses the library's helpers and nothing else; it is *not* differentially
+private (like EANA, the set of updated rows reveals which rows were read), so
+``step_event`` is ``None`` with a reason. Registering it is one call,
+:func:`register` below (``tfdp_sparse.mechanisms.register(name, plan module,
+rule)``); neither the library nor the trainers change.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+import sys
 
 import tensorflow as tf
 
+from tfdp_sparse import mechanisms
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.eana import noise_unique_rows
 from tfdp_sparse.mechanisms.plans.base import NoisePlan
 
+#: The name the toy is registered under.
+NAME = "toy_touched_2sigma"
 KNOBS: frozenset = frozenset({"factor"})
 
 NOT_PRIVATE_REASON = "toy mechanism: noise on touched rows only reveals which rows were read"
@@ -42,9 +46,6 @@ class TouchedRowsPlan(NoisePlan):
 
     def describe(self) -> dict:
         return {**super().describe(), "factor": self.factor}
-
-    def make_rule(self, seed: Optional[int] = None) -> "TouchedRowsTwoSigma":
-        return TouchedRowsTwoSigma(self, seed=seed)
 
 
 class TouchedRowsTwoSigma(Mechanism):
@@ -68,3 +69,8 @@ class TouchedRowsTwoSigma(Mechanism):
 def plan_from_config(config) -> TouchedRowsPlan:
     return TouchedRowsPlan(noise_multiplier=config.noise_multiplier, l2_norm_clip=config.l2_norm_clip,
                            factor=float(config.knob("factor", 2.0)))
+
+
+def register() -> None:
+    """Registers the toy under :data:`NAME` (undo with ``tfdp_sparse.mechanisms.unregister(NAME)``)."""
+    mechanisms.register(NAME, sys.modules[__name__], TouchedRowsTwoSigma)

@@ -194,7 +194,7 @@ class MirroredPrivateStep:
         """The mechanism, once, on the global batch's aggregate (cross-replica context)."""
         grads, lookups = self._aggregate(per_replica)
         return self.mechanism.privatize(grads, self.model.trainable_variables, self._layout.is_table,
-                                        lookups=lookups)
+                                        lookups=lookups, context=self.optimizer.step_context())
 
     def _run(self, features, labels) -> dict:
         per_replica = self.strategy.run(self._replica_clip, args=(features, labels))

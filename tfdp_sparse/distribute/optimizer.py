@@ -20,7 +20,7 @@ O(rows) work per step (which LazyDP removes).
 Example::
 
     with strategy.scope():
-        mech = ServerNoiseDPSGD(noise_multiplier=1.0, l2_norm_clip=1.0)
+        mech = ServerNoiseDPSGD.of(noise_multiplier=1.0, l2_norm_clip=1.0)
         opt = ShardedDPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)
         opt.attach(model)
 """
@@ -35,7 +35,6 @@ from tfdp_sparse.distribute.shards import is_sharded, logical_variables, sharded
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.mechanisms.base import Gradient, NoisedGradients, StepGrads, sum_duplicates
 from tfdp_sparse.mechanisms.dpsgd import DPSGD, noise_dense
-from tfdp_sparse.mechanisms.lazydp_catchup import current_learning_rate
 
 
 class ServerNoiseDPSGD(DPSGD):
@@ -157,7 +156,7 @@ class ShardedDPOptimizer(DPOptimizer):
         updated with the same ids on the same server
         (:meth:`Mechanism.mark_shard_rows`) reuses the ids the update sent.
         """
-        lr = current_learning_rate(self, tf.float32)
+        lr = self.current_learning_rate()
         ops = []
         for part, shard in zip(parts, table.variables):
             if part is None:

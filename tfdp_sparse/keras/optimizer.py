@@ -46,6 +46,7 @@ from tfdp_sparse.clipping.taps import TapRecorder
 from tfdp_sparse.keras.attachment import ModelTaps
 from tfdp_sparse.keras.private_update import private_update
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.optimizers import TableOptimizer, TableRule
 from tfdp_sparse.tables import table_refs, variable_key
 
@@ -239,7 +240,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         var_list = list(var_list() if callable(var_list) else var_list)
         update = private_update(self.mechanism, self.expected_batch_size, per_example_loss, var_list, tape,
                                 self.recorder().take(), regularization_grads,
-                                predraw_dense=self.predraw_dense_noise, users=users)
+                                predraw_dense=self.predraw_dense_noise, users=users, context=self.step_context())
         pairs = update.pairs
         updates = [self.last_embedding_values.assign(update.embedding_values)]
         if update.clipped_fraction is not None:
@@ -257,6 +258,31 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             dense_op = self.dense_optimizer.apply_gradients(dense_pairs)
             with tf.control_dependencies([dense_op]):
                 return self.apply_gradients(table_pairs)
+
+    def current_learning_rate(self) -> tf.Tensor:
+        """``eta`` of the step about to be applied (float32): a schedule evaluated at ``iterations``.
+
+        Keras' ``learning_rate`` property returns the rate of the *last*
+        applied step for a ``LearningRateSchedule``; SGD's update of this step
+        uses the schedule at the current ``iterations``.
+
+        Example: ``DPOptimizer(NonPrivate(), 0.5).current_learning_rate()`` -> ``0.5``.
+        """
+        rate = self._learning_rate  # this optimizer's own constructor value: a number, a variable or a schedule
+        if isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
+            return tf.cast(rate(self.iterations), tf.float32)
+        return tf.cast(self.learning_rate, tf.float32)
+
+    def step_context(self) -> StepContext:
+        """The :class:`StepContext` of the step about to be applied (read before ``iterations`` moves).
+
+        Every path that runs the rule for this optimizer passes it to
+        ``Mechanism.privatize(..., context=)``: :meth:`private_step`, the TPU
+        program, the mirrored and parameter-server steps.
+
+        Example: ``opt.step_context().step`` is ``opt.iterations`` (0 before the first step).
+        """
+        return StepContext.of(self.iterations, self.current_learning_rate(), self.expected_batch_size)
 
     def _apply_with_table_optimizer(self, pairs, var_list, is_table) -> tf.Operation:
         """Tables through ``table_optimizer``, the rest as without it; one ``iterations`` increment."""

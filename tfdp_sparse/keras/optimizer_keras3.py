@@ -12,9 +12,10 @@ tf-keras.
 
 ``dense_optimizer`` (a Keras 3 optimizer, e.g. ``keras.optimizers.Adam``)
 post-processes the noised gradients of the non-table variables, as on
-tf-keras; tables keep this optimizer's plain SGD. Not in this slice:
-``table_optimizer`` and LazyDP (its read hooks and optimizer coupling are
-issue 21 item 1), refused by name.
+tf-keras; tables keep this optimizer's plain SGD. The rule gets the step and
+the learning rate from :meth:`Keras3DPOptimizer.step_context` (Keras 3's
+public ``iterations`` and ``learning_rate``), as on tf-keras. Not in this
+slice: ``table_optimizer`` and LazyDP, refused by name.
 
 Example::
 
@@ -42,13 +43,14 @@ from tfdp_sparse.keras.optimizer import (BYPASS_MESSAGE, REFUSED_KWARGS, Unpriva
 from tfdp_sparse.keras.private_update import private_update
 from tfdp_sparse.keras_stack import as_tf_variable
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.mechanisms.plans.base import Plan
 from tfdp_sparse.mechanisms.plans.lazydp import LazyDPPlan
 
 #: Why LazyDP is refused on Keras 3 in this slice.
 LAZYDP_KERAS_3 = (
-    "LazyDP is not supported on Keras 3 yet: its catch-up read hooks live on tfdp_sparse.layers.DPEmbedding and "
-    "it reads the optimizer's learning rate and iterations (issue 21 item 1 replaces both by a step context). Use "
+    "LazyDP is not supported on Keras 3 yet: its catch-up read hooks live on tfdp_sparse.layers.DPEmbedding, a "
+    "tf-keras layer (this optimizer already gives it the step context it needs: step_context()). Use "
     "DP-SGD, EANA, DP-FEST or DP-AdaFEST on Keras 3, or LazyDP on tf-keras (TF_USE_LEGACY_KERAS=1)"
 )
 
@@ -126,7 +128,8 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         keras_vars = list(var_list)
         tf_vars = [as_tf_variable(v) for v in keras_vars]
         update = private_update(self.mechanism, self.expected_batch_size, per_example_loss, tf_vars, tape,
-                                self.recorder().take(), regularization_grads, users=users)
+                                self.recorder().take(), regularization_grads, users=users,
+                                context=self.step_context())
         by_ref = {t.ref(): k for t, k in zip(tf_vars, keras_vars)}
         pairs = [(g, by_ref[v.ref()]) for g, v in update.pairs]
         updates = [self.last_embedding_values.assign(update.embedding_values)]
@@ -147,6 +150,16 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
             else:
                 self.iterations.assign_add(1)
             return tf.convert_to_tensor(self.iterations)
+
+    def step_context(self) -> StepContext:
+        """The :class:`StepContext` of the step about to be applied, from Keras 3's public API.
+
+        Keras 3's ``learning_rate`` property evaluates a schedule at the
+        current ``iterations`` (the rate this step's update uses).
+        Example: ``opt.step_context().step`` is ``opt.iterations`` (0 before the first step).
+        """
+        return StepContext.of(tf.convert_to_tensor(self.iterations), tf.convert_to_tensor(self.learning_rate),
+                              self.expected_batch_size)
 
     @contextlib.contextmanager
     def privatized(self) -> Iterator[None]:

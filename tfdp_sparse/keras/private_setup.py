@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 from typing import Callable, Optional, Sequence
 
@@ -232,7 +233,7 @@ def _optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: Setup
         return continued
     if is_keras_3():
         return _keras_3_optimizer(resolved, shape, model, options, mechanism)
-    mechanism = mechanism if mechanism is not None else resolved.plan.make_rule(options.noise_seed)
+    mechanism = mechanism if mechanism is not None else mechanisms_lib.build_rule(resolved.plan, options.noise_seed)
     mechanism.bind_model(model)
     return DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size,
                        dense_optimizer=options.dense_optimizer, table_optimizer=options.table_optimizer,
@@ -245,7 +246,11 @@ def _keras_3_optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, option
     from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer, refuse_unsupported_on_keras_3
 
     refuse_unsupported_on_keras_3(resolved.plan, table_optimizer=options.table_optimizer)
-    mechanism = mechanism if mechanism is not None else resolved.plan.make_rule(options.noise_seed)
+    if importlib.util.find_spec("keras_rs") is not None:  # keras-rs tables: LazyDP and DP-FEST refused by name
+        from tfdp_sparse.keras.keras_rs_support import refuse_unsupported_on_keras_rs
+
+        refuse_unsupported_on_keras_rs(resolved.plan, model)
+    mechanism = mechanism if mechanism is not None else mechanisms_lib.build_rule(resolved.plan, options.noise_seed)
     mechanism.bind_model(model)
     return Keras3DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size,
                              dense_optimizer=options.dense_optimizer)

@@ -8,7 +8,8 @@ in how they apply the pairs (their "apply" hook). Everything here works on
 
 Example::
 
-    update = private_update(mechanism, 256, per_example_loss, variables, tape, recorder.take())
+    update = private_update(mechanism, 256, per_example_loss, variables, tape, recorder.take(),
+                            context=optimizer.step_context())
     optimizer.apply_gradients(update.pairs)       # inside the optimizer's privatized() context
     update.embedding_values, update.clipped_fraction
 """
@@ -24,6 +25,7 @@ from tfdp_sparse.clipping.clip import clip_gradients
 from tfdp_sparse.clipping.taps import Tap
 from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.mechanisms.step_context import StepContext
 
 
 def add_regularization(grad, reg):
@@ -63,13 +65,15 @@ class PrivateUpdate:
 def private_update(mechanism: Mechanism, expected_batch_size: Optional[int], per_example_loss: tf.Tensor,
                    variables: Sequence[tf.Variable], tape: tf.GradientTape, recorded: Sequence[Tap],
                    regularization_grads: Optional[Sequence] = None, predraw_dense: bool = False,
-                   users: Optional[UserClipping] = None) -> PrivateUpdate:
+                   users: Optional[UserClipping] = None,
+                   context: Optional[StepContext] = None) -> PrivateUpdate:
     """Clip per example (one backward pass), noise with ``mechanism``, divide by ``B``, pair with ``variables``.
 
     ``expected_batch_size`` ``None`` divides by the batch's actual size (non-private runs only).
     ``regularization_grads`` (aligned with ``variables``) are added after the scaling, unclipped.
     ``predraw_dense``: draw dense noise before the rule runs (:meth:`Mechanism.privatize`).
     ``users`` (user level): clip each user's summed gradient instead of each example's.
+    ``context``: the optimizer's :class:`StepContext` of this step, handed to the rule.
 
     Example: with DP-SGD at σ=0, C large and B=2, a batch of two examples gives pairs
     ``(sum_i g_i / 2, v)``, i.e. the plain mean gradient.
@@ -78,7 +82,8 @@ def private_update(mechanism: Mechanism, expected_batch_size: Optional[int], per
     # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
     # map uses them; unused, their ops are pruned from the traced step).
     noised = mechanism.privatize(clipped.grads, variables, clipped.is_table, lookups=clipped.lookups,
-                                 predraw_dense=predraw_dense, users=None if users is None else users.segments)
+                                 predraw_dense=predraw_dense, users=None if users is None else users.segments,
+                                 context=context)
     if expected_batch_size is not None:
         denominator = tf.constant(float(expected_batch_size))
     else:

@@ -4,15 +4,16 @@
 algorithm's :class:`~tfdp_sparse.mechanisms.plans.base.Plan` (typed, frozen
 settings, its ``DpEvent``\\ s and :class:`Requirements`; no TensorFlow), after
 validating the config and refusing unknown knobs — the one place settings are
-checked. ``build(config, seed)`` is ``plan(config).make_rule(seed)``: the TF
-:class:`~tfdp_sparse.mechanisms.base.Mechanism` that noises a step and
-delegates its accounting to its plan.
+checked. ``build(config, seed)`` builds the algorithm's registered rule as
+``rule(plan, noise)``: the TF :class:`~tfdp_sparse.mechanisms.base.Mechanism`
+that noises a step and delegates its accounting to its plan.
 
-The registry below names, per algorithm, a module defining ``KNOBS`` (the
-``PrivacyConfig.extra`` names it accepts) and
-``plan_from_config(config) -> Plan``; it is imported on first use. Adding an
-algorithm touches only its module(s) and one line here. Importing this
-package (and the built-in plan modules) imports no TensorFlow.
+Algorithms are registered with :func:`register` ``(name, plan, rule)``: the
+plan module (``KNOBS`` and ``plan_from_config(config) -> Plan``) and the rule
+(``"module:attribute"`` or a callable), imported on first use
+(:mod:`.registry`). The built-in ones are registered in :mod:`.builtin`;
+plans never import rules. Importing this package (and the built-in plan
+modules) imports no TensorFlow.
 
 Every algorithm also has a typed constructor (:mod:`.api`): ``DPSGD``,
 ``NonPrivate``, ``EANA``, ``LazyDP``, ``DPFEST``, ``AdaFEST``,
@@ -21,6 +22,7 @@ Every algorithm also has a typed constructor (:mod:`.api`): ``DPSGD``,
 
 Example::
 
+    register("toy", "my_pkg.toy", "my_pkg.toy:ToyRule")   # a plugin: no edit of this package
     p = plan(PrivacyConfig(algorithm="lazydp", noise_multiplier=1.0))
     p.requires().default_negatives     # "sampled"
     mech = build(PrivacyConfig(algorithm="dpsgd"))   # a tf.Module
@@ -30,22 +32,18 @@ Example::
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import Optional
 
 from tfdp_sparse.config import PrivacyConfig
+from tfdp_sparse.mechanisms.builtin import register_builtins
 from tfdp_sparse.mechanisms.plans.base import Plan, Requirements, TableInfo, refuse_unknown_knobs
+from tfdp_sparse.mechanisms.registry import PlanModules, Registration, Registry
 
-#: algorithm name -> module defining ``KNOBS`` and ``plan_from_config``.
-ALGORITHMS: dict[str, str] = {
-    "sgd": "tfdp_sparse.mechanisms.plans.nonprivate",
-    "dpsgd": "tfdp_sparse.mechanisms.plans.dpsgd",
-    "eana": "tfdp_sparse.mechanisms.plans.eana",
-    "dpfest": "tfdp_sparse.mechanisms.plans.dpfest",
-    "adafest": "tfdp_sparse.mechanisms.plans.adafest",
-    "adafest_plus": "tfdp_sparse.mechanisms.plans.adafest_plus",
-    "lazydp": "tfdp_sparse.mechanisms.plans.lazydp",
-}
+_REGISTRY = Registry()
+register_builtins(_REGISTRY.register)
+
+#: Read-only live view: algorithm name -> plan module path (add algorithms with :func:`register`).
+ALGORITHMS = PlanModules(_REGISTRY)
 
 #: The non-private reference (no clipping, no noise) that utility gaps are measured against.
 NONPRIVATE = "sgd"
@@ -55,35 +53,52 @@ DENSE_REFERENCE = "dpsgd"
 DEFAULT = "dpsgd"
 
 
+def register(name: str, plan, rule) -> Registration:
+    """Registers algorithm ``name``: its plan module and its rule, built as ``rule(plan, noise)``.
+
+    ``plan``: a module (or its import path) defining ``KNOBS`` and
+    ``plan_from_config(config) -> Plan``; ``rule``: ``"module:attribute"`` or a
+    callable, usually the rule class. Refuses a name already registered.
+    Example: ``register("toy_touched_2sigma", "tests.plugins.toy_mechanism",
+    "tests.plugins.toy_mechanism:TouchedRowsTwoSigma")``.
+    """
+    return _REGISTRY.register(name, plan, rule)
+
+
+def unregister(name: str) -> None:
+    """Removes a registered algorithm (e.g. a plugin at the end of a test)."""
+    _REGISTRY.unregister(name)
+
+
 def available() -> tuple[str, ...]:
-    """Algorithms whose module is present in this installation."""
-    names = []
-    for name, module in ALGORITHMS.items():
-        if importlib.util.find_spec(module) is not None:
-            names.append(name)
-    return tuple(names)
+    """Registered algorithms whose plan module is present in this installation."""
+    return tuple(name for name, entry in _REGISTRY.entries.items() if entry.is_present())
 
 
 def knobs(algorithm: str) -> frozenset:
     """The ``PrivacyConfig.extra`` names ``algorithm`` accepts (e.g. to offer only its flags)."""
-    if algorithm not in available():
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {list(available())}")
-    return importlib.import_module(ALGORITHMS[algorithm]).KNOBS
+    return _REGISTRY.entry(algorithm, available()).plan_module().KNOBS
 
 
 def plan(config: PrivacyConfig) -> Plan:
     """The validated plan of ``config.algorithm`` (unknown algorithm or knob: ``ValueError``)."""
     config.validate()
-    if config.algorithm not in available():
-        raise ValueError(f"unknown algorithm {config.algorithm!r}; choose one of {list(available())}")
-    module = importlib.import_module(ALGORITHMS[config.algorithm])
+    module = _REGISTRY.entry(config.algorithm, available()).plan_module()
     refuse_unknown_knobs(config.algorithm, config.extra, module.KNOBS)
     return module.plan_from_config(config)
 
 
+def build_rule(plan_: Plan, noise=None):
+    """The registered rule of ``plan_.name``, built as ``rule(plan_, noise)`` (``noise=None``: OS entropy)."""
+    rule = _REGISTRY.entry(plan_.name, available()).rule_factory()(plan_, noise)
+    if rule.plan is not plan_:
+        raise TypeError(f"the rule registered for {plan_.name!r} did not keep its plan (got {rule.plan!r})")
+    return rule
+
+
 def build(config: PrivacyConfig, seed: Optional[int] = None):
     """The mechanism named by ``config.algorithm`` (``seed=None``: noise from OS entropy)."""
-    return plan(config).make_rule(seed)
+    return build_rule(plan(config), seed)
 
 
 #: Lazy exports: name -> submodule. The typed constructors (:mod:`.api`) build through :func:`build`.
@@ -99,5 +114,6 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
 
 
-__all__ = ["Plan", "Requirements", "TableInfo", "plan", "build", "knobs", "available", "ALGORITHMS", "NONPRIVATE",
+__all__ = ["Plan", "Requirements", "TableInfo", "plan", "build", "build_rule", "knobs", "available", "register",
+           "unregister", "ALGORITHMS", "NONPRIVATE",
            "DENSE_REFERENCE", "DEFAULT", *_LAZY]

@@ -59,7 +59,7 @@ Knobs (``PrivacyConfig.extra``):
 
 Example::
 
-    mech = AdaFEST(sigma1=5.0, sigma2=1.0, C1=1.0, tau=2.0, l2_norm_clip=1.0, seed=0)
+    mech = AdaFEST.of(sigma1=5.0, sigma2=1.0, C1=1.0, tau=2.0, l2_norm_clip=1.0, seed=0)
     out = mech.privatize(grads, variables, is_table, lookups=lookups)
     mech.step_event(0.01)   # PoissonSampled(0.01, Gaussian(0.98058))
 """
@@ -319,13 +319,13 @@ class AdaFEST(Mechanism):
       seed: seed of the noise generator.
     """
 
-    def __init__(
-        self, sigma1: float, sigma2: float, C1: float, l2_norm_clip: float, tau: Optional[float] = None,
-        false_positives: Optional[float] = None, seed: Optional[int] = None,
-    ):
+    @classmethod
+    def of(cls, sigma1: float, sigma2: float, C1: float, l2_norm_clip: float, tau: Optional[float] = None,
+           false_positives: Optional[float] = None, seed: Optional[int] = None) -> "AdaFEST":
+        """``AdaFEST(AdaFESTPlan(...), seed)``. Example: ``AdaFEST.of(5.0, 1.0, 1.0, 1.0, tau=2.0, seed=0)``."""
         plan = AdaFESTPlan(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, false_positives=false_positives,
                            l2_norm_clip=l2_norm_clip)
-        super().__init__(plan, seed=seed)
+        return cls(plan, seed)
 
     tau = property(lambda self: self.plan.tau, doc="Threshold on the noisy map (None: per table, false_positives).")
     sigma1 = property(lambda self: self.plan.sigma1, doc="Noise multiplier of the map.")
@@ -406,4 +406,4 @@ class AdaFEST(Mechanism):
 
 def from_config(config, seed: Optional[int] = None) -> AdaFEST:
     """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.adafest`)."""
-    return plan_from_config(config).make_rule(seed)
+    return AdaFEST(plan_from_config(config), seed)

@@ -39,9 +39,8 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms import adafest
-from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.bucket_selection import BucketSelection
-from tfdp_sparse.mechanisms.dpfest import UsesSelection
+from tfdp_sparse.mechanisms.dpfest import UsesSelection, selection_for
 from tfdp_sparse.mechanisms.plans.adafest_plus import KNOBS, AdaFESTPlusPlan, plan_from_config  # noqa: F401
 
 
@@ -92,23 +91,21 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
       sigma1, sigma2, C1, l2_norm_clip, tau, false_positives, seed: as for :class:`AdaFEST`.
     """
 
-    def __init__(
-        self,
-        selection: BucketSelection,
-        sigma1: float,
-        sigma2: float,
-        C1: float,
-        l2_norm_clip: float,
-        tau: Optional[float] = None,
-        false_positives: Optional[float] = None,
-        seed: Optional[int] = None,
-    ):
+    def __init__(self, plan: AdaFESTPlusPlan, noise=None, selection: Optional[BucketSelection] = None):
+        """``selection``: an existing preselection (its settings must be the plan's); default: built from the plan."""
+        super().__init__(plan, noise)
+        self.selection = selection_for(plan, self.noise_source, selection)
+
+    @classmethod
+    def of(cls, selection: BucketSelection, sigma1: float, sigma2: float, C1: float, l2_norm_clip: float,
+           tau: Optional[float] = None, false_positives: Optional[float] = None,
+           seed: Optional[int] = None) -> "AdaFESTPlus":
+        """``AdaFESTPlus(AdaFESTPlusPlan(...), seed, selection)`` around an existing ``selection``."""
         if not isinstance(selection, BucketSelection):
             raise TypeError(f"selection must be a BucketSelection, got {type(selection).__name__}")
         plan = AdaFESTPlusPlan(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, false_positives=false_positives,
                                l2_norm_clip=l2_norm_clip, selection=selection.settings)
-        Mechanism.__init__(self, plan, seed=seed)  # AdaFEST's own __init__ would build AdaFEST's plan
-        self.selection = selection
+        return cls(plan, seed, selection)
 
     _label = "DP-AdaFEST+"
 
@@ -133,4 +130,4 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
 
 def from_config(config, seed: Optional[int] = None) -> AdaFESTPlus:
     """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.adafest_plus`)."""
-    return plan_from_config(config).make_rule(seed)
+    return AdaFESTPlus(plan_from_config(config), seed)

@@ -28,13 +28,19 @@ Rules every implementation follows:
   (graph code only: no files, no model). :class:`StepGrads` carries the
   aligned gradients, variables, table flags and, for tables, the
   per-example looked-up ids ``[B, L]`` (used by rules whose plan's
-  ``requires().lookups`` is set, DP-AdaFEST). ``privatize(grads, variables,
-  is_table, lookups)`` is the callers' entry point and builds the StepGrads.
+  ``requires().lookups`` is set, DP-AdaFEST), and the optimizer's
+  :class:`~tfdp_sparse.mechanisms.step_context.StepContext` (step number,
+  learning rate, expected batch size): a rule reads the step and its rate
+  from it, never from an optimizer. ``privatize(grads, variables, is_table,
+  lookups, context=...)`` is the callers' entry point and builds the StepGrads.
+* A rule is built as ``Rule(plan, noise)`` (``noise``: a seed or a
+  :class:`~tfdp_sparse.noise_source.NoiseSource`); plans never import rules:
+  :func:`tfdp_sparse.mechanisms.register` pairs them.
 * The accounting (``step_event``, ``setup_event``, ``not_private_reason``,
   ``describe``) is the plan's (:mod:`tfdp_sparse.mechanisms.plans`): pure
   Python, so calibration and trainers read it without building this object.
 * A mechanism never imports models or trainers; adding one touches nothing
-  but its own module (and the registry in :mod:`tfdp_sparse.mechanisms`).
+  but its own module(s) and one ``register(name, plan, rule)`` call.
 
 Example::
 
@@ -57,9 +63,21 @@ from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.accounting.validation import validate_l2_norm_clip, validate_noise_multiplier  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dense_noise import DenseNoiseBlocks
 from tfdp_sparse.mechanisms.plans.base import Plan
+from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.noise_source import NoiseSource
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
+#: What a rule's ``noise`` argument may be: ``None`` (OS entropy), a seed (reproducible, not private), a NoiseSource.
+Noise = Union[None, int, NoiseSource]
+
+
+def noise_source_of(noise: Noise) -> NoiseSource:
+    """The :class:`NoiseSource` of a rule's ``noise`` argument.
+
+    >>> noise_source_of(3).noise_seed
+    3
+    """
+    return noise if isinstance(noise, NoiseSource) else NoiseSource(noise)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +110,9 @@ class StepGrads:
         each example), for rules whose data-dependent choices must bound a
         user's contribution too (DP-AdaFEST's contribution map). Rules that
         only noise the clipped sums ignore it.
+      context: the optimizer's :class:`StepContext` of this step (step
+        number, learning rate, expected batch size), or ``None`` when the
+        caller has no optimizer (a rule that needs it, LazyDP, refuses).
 
     Example::
 
@@ -104,9 +125,11 @@ class StepGrads:
     is_table: tuple
     lookups: Optional[tuple] = None
     users: Optional[UserSegments] = None
+    context: Optional[StepContext] = None
 
     @classmethod
-    def of(cls, grads, variables, is_table, lookups=None, users: Optional[UserSegments] = None) -> "StepGrads":
+    def of(cls, grads, variables, is_table, lookups=None, users: Optional[UserSegments] = None,
+           context: Optional[StepContext] = None) -> "StepGrads":
         """Checks that the lists align and freezes them."""
         n = len(variables)
         if len(grads) != n or len(is_table) != n or (lookups is not None and len(lookups) != n):
@@ -116,8 +139,10 @@ class StepGrads:
             )
         if users is not None and not isinstance(users, UserSegments):
             raise TypeError(f"users must be a UserSegments, got {type(users).__name__}")
+        if context is not None and not isinstance(context, StepContext):
+            raise TypeError(f"context must be a StepContext, got {type(context).__name__}")
         return cls(tuple(grads), tuple(variables), tuple(bool(t) for t in is_table),
-                   None if lookups is None else tuple(lookups), users)
+                   None if lookups is None else tuple(lookups), users, context)
 
     def entries(self):
         """``(grad, variable, is_table)`` per variable."""
@@ -169,17 +194,25 @@ class Mechanism(tf.Module, abc.ABC):
     ``setup_event``, ``not_private_reason``, ``describe``,
     ``required_accountant`` and ``needs_lookups`` delegate to it.
 
+    Every rule is built as ``Rule(plan, noise)`` (what
+    :func:`tfdp_sparse.mechanisms.build` calls for the rule registered with
+    the plan's name); the built-in rules also offer ``Rule.of(...)`` with
+    their settings as arguments.
+
     Args:
       plan: the settings and accounting of this rule.
-      seed: ``None`` (default): noise seeded from OS entropy, the only
-        private choice. An integer: reproducible noise for tests and
-        debugging (the run is then labelled not private).
+      noise: ``None`` (default): noise seeded from OS entropy, the only
+        private choice. An integer seed (or a reproducible
+        :class:`NoiseSource`): reproducible noise for tests and debugging
+        (the run is then labelled not private).
     """
 
-    def __init__(self, plan: Plan, seed: Optional[int] = None):
+    def __init__(self, plan: Plan, noise: Noise = None):
+        if not isinstance(plan, Plan):
+            raise TypeError(f"{type(self).__name__}(plan, noise) needs a Plan, got {type(plan).__name__}")
         super().__init__(name=f"{plan.name or 'mechanism'}_mechanism")
         self._plan = plan
-        self._noise_source = NoiseSource(seed)
+        self._noise_source = noise_source_of(noise)
         self.rng = self._noise_source.tf_generator()
         self._dense_blocks = DenseNoiseBlocks.empty()  # a step's pre-drawn dense noise, only inside privatize
 
@@ -216,6 +249,7 @@ class Mechanism(tf.Module, abc.ABC):
         lookups: Optional[Sequence[Optional[tf.Tensor]]] = None,
         predraw_dense: bool = False,
         users: Optional[UserSegments] = None,
+        context: Optional[StepContext] = None,
     ) -> NoisedGradients:
         """Noised summed gradients for one step: :meth:`apply` on the aligned lists.
 
@@ -224,7 +258,8 @@ class Mechanism(tf.Module, abc.ABC):
         otherwise — :attr:`ClippedGradients.lookups
         <tfdp_sparse.clipping.clip.ClippedGradients>`. Rules whose plan does
         not require lookups ignore them. ``users`` (user level): the batch's
-        user segments (:attr:`StepGrads.users`).
+        user segments (:attr:`StepGrads.users`). ``context``: the
+        optimizer's :class:`StepContext` of this step (:attr:`StepGrads.context`).
 
         ``predraw_dense`` (a performance setting): draw every dense
         variable's noise before the rule runs, so that inside a
@@ -240,7 +275,7 @@ class Mechanism(tf.Module, abc.ABC):
 
             out = mech.privatize(grads, variables, is_table, predraw_dense=True)
         """
-        step = StepGrads.of(grads, variables, is_table, lookups, users)
+        step = StepGrads.of(grads, variables, is_table, lookups, users, context)
         if not (predraw_dense and self._plan.requires().clips) or tf.distribute.has_strategy():
             return self.apply(step)
         self._dense_blocks = DenseNoiseBlocks.draw(self.rng, step.variables, step.is_table)

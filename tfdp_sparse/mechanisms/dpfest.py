@@ -81,12 +81,13 @@ import dp_accounting
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_rows_at
+from tfdp_sparse.mechanisms.base import Gradient, Mechanism, Noise, NoisedGradients, StepGrads, sum_rows_at
 from tfdp_sparse.mechanisms.bucket_selection import BucketSelection, KSpec
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.plans.dpfest import KNOBS, DPFESTPlan, KeptNoise, plan_from_config  # noqa: F401
 from tfdp_sparse.mechanisms.plans.selection import SELECTION_KNOBS  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.tables import embedding_tables  # noqa: F401 (re-exported)
+from tfdp_sparse.noise_source import NoiseSource
 
 
 def selection_from_config(config, seed: Optional[int] = None) -> BucketSelection:
@@ -104,6 +105,20 @@ def selection_of(k: Optional[KSpec], selection: Optional[BucketSelection], seed:
         return BucketSelection(k, seed=seed, **selection_kwargs)
     if k is not None or selection_kwargs:
         raise ValueError("give either selection=... or k and its source knobs, not both")
+    return selection
+
+
+def selection_for(plan, noise_source: NoiseSource, selection: Optional[BucketSelection]) -> BucketSelection:
+    """``selection`` (checked against ``plan.selection``), or the plan's selection seeded like the rule's noise.
+
+    Example: ``selection_for(plan, NoiseSource(0), None)`` -> ``BucketSelection.from_settings(plan.selection, seed=0)``.
+    """
+    if selection is None:
+        return BucketSelection.from_settings(plan.selection, seed=noise_source.noise_seed)
+    if not isinstance(selection, BucketSelection):
+        raise TypeError(f"selection must be a BucketSelection, got {type(selection).__name__}")
+    if selection.settings != plan.selection:
+        raise ValueError(f"the selection's settings {selection.settings} are not the plan's {plan.selection}")
     return selection
 
 
@@ -140,7 +155,8 @@ class DPFESTRule(UsesSelection):
     """Construction shared by DP-FEST's rules: eager (:class:`DPFEST`) and lazy
     (:class:`~tfdp_sparse.mechanisms.dpfest_lazy.LazyDPFEST`), which differ in :attr:`KEPT_NOISE`.
 
-    Args:
+    Built as ``Rule(plan, noise)`` (optionally with an existing ``selection``), or
+    ``Rule.of(noise_multiplier, l2_norm_clip, k, selection=..., seed=..., **selection_kwargs)``:
       noise_multiplier: sigma.
       l2_norm_clip: C.
       selection: the kept sets (a :class:`BucketSelection`); or give ``k`` and
@@ -151,22 +167,22 @@ class DPFESTRule(UsesSelection):
 
     KEPT_NOISE: KeptNoise = KeptNoise.EAGER
 
-    def __init__(
-        self,
-        noise_multiplier: float,
-        l2_norm_clip: float,
-        k: Optional[KSpec] = None,
-        *,
-        selection: Optional[BucketSelection] = None,
-        seed: Optional[int] = None,
-        **selection_kwargs,
-    ):
+    def __init__(self, plan: DPFESTPlan, noise: Noise = None, selection: Optional[BucketSelection] = None):
+        if plan.kept_noise is not self.KEPT_NOISE:
+            raise ValueError(f"{type(self).__name__} draws kept rows' noise {self.KEPT_NOISE.value}, the plan says "
+                             f"kept_noise={plan.kept_noise.value} (build it with tfdp_sparse.mechanisms.build)")
+        Mechanism.__init__(self, plan, noise)  # not a base's own __init__ (LazyDP's builds LazyDP's state)
+        self.selection = selection_for(plan, self.noise_source, selection)
+        self._init_rule_state()
+
+    @classmethod
+    def of(cls, noise_multiplier: float, l2_norm_clip: float, k: Optional[KSpec] = None, *,
+           selection: Optional[BucketSelection] = None, seed: Optional[int] = None, **selection_kwargs):
+        """The rule for these settings. Example: ``DPFEST.of(1.0, 1.0, k=10, kept_ids=[ids], seed=0)``."""
         selection = selection_of(k, selection, seed, selection_kwargs)
         plan = DPFESTPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, selection=selection.settings,
-                          kept_noise=self.KEPT_NOISE)
-        Mechanism.__init__(self, plan, seed=seed)  # not a base's own __init__ (LazyDP's builds LazyDP's plan)
-        self.selection = selection
-        self._init_rule_state()
+                          kept_noise=cls.KEPT_NOISE)
+        return cls(plan, seed, selection)
 
     def _init_rule_state(self) -> None:
         """Per-rule state after the plan and the selection (eager DP-FEST has none)."""
@@ -201,6 +217,19 @@ class DPFEST(DPFESTRule, Mechanism):
         return NoisedGradients(out, count)
 
 
-def from_config(config, seed: Optional[int] = None) -> DPFEST:
+def rule_for(plan: DPFESTPlan, noise: Noise = None) -> DPFESTRule:
+    """DP-FEST's registered rule: :class:`DPFEST` for eager kept noise, ``LazyDPFEST`` for lazy.
+
+    The lazy rule is imported only when asked (LazyDP's hooks need tf-keras layers).
+    Example: ``rule_for(DPFESTPlan(..., kept_noise=KeptNoise.LAZY), 0)`` -> a ``LazyDPFEST``.
+    """
+    if plan.kept_noise is KeptNoise.LAZY:
+        from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST
+
+        return LazyDPFEST(plan, noise)
+    return DPFEST(plan, noise)
+
+
+def from_config(config, seed: Optional[int] = None) -> DPFESTRule:
     """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.dpfest`)."""
-    return plan_from_config(config).make_rule(seed)
+    return rule_for(plan_from_config(config), seed)

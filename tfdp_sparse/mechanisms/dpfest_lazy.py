@@ -30,7 +30,7 @@ through ``DPEmbedding``. Accounting is DP-FEST's (:mod:`.plans.dpfest`).
 
 Example::
 
-    mech = LazyDPFEST(noise_multiplier=1.0, l2_norm_clip=1.0, k=1000, kept_ids=[ids])
+    mech = LazyDPFEST.of(noise_multiplier=1.0, l2_norm_clip=1.0, k=1000, kept_ids=[ids])
     mech.bind_model(model)                         # selection and read hooks
     opt = DPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)
     ...train...
@@ -119,16 +119,16 @@ class LazyDPFEST(DPFESTRule, LazyDP):
         return tf.boolean_mask(ids, kept), tf.boolean_mask(summed, kept)
 
     @_no_autograph
-    def _flush_table(self, i: int, opt):
+    def _flush_table(self, i: int):
         """Catches the ``k`` kept rows of table ``i`` up (the other rows owe nothing)."""
         table, history = self._tables.variables[i], self._histories[i]
         if not self.selection.is_selected and self.selection.is_private:
             return tf.no_op()  # no kept set, so no step has run: nothing is owed
         kept = self.selection.kept_of(table)
-        k = tf.cast(opt.iterations, tf.int32)
+        k = self._completed()
         with tf.control_dependencies([self._mark_outside_kept(i, kept)]):
             last = history_rows(history, kept)
-        noise = self._deferred_noise(last, k, tf.stack([tf.size(kept), int(table.shape[1])]), self._scale(opt))
+        noise = self._deferred_noise(last, k, tf.stack([tf.size(kept), int(table.shape[1])]), self._scale())
         written = table.scatter_sub(tf.IndexedSlices(noise, kept, tf.constant(table.shape.as_list(), tf.int64)))
         with tf.control_dependencies([written]):
             marked = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), kept))

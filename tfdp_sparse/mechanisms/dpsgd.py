@@ -9,7 +9,7 @@ One step at Poisson rate ``q`` is ``PoissonSampled(q, Gaussian(sigma))``.
 
 Example::
 
-    mech = DPSGD(noise_multiplier=1.1, l2_norm_clip=1.0, seed=0)
+    mech = DPSGD.of(noise_multiplier=1.1, l2_norm_clip=1.0, seed=0)
     out = mech.privatize(grads, variables, is_table)   # dense tensors
 """
 
@@ -42,8 +42,10 @@ def noise_dense(mech: Mechanism, grad: Optional[tf.Tensor], variable: tf.Variabl
 class DPSGD(Mechanism):
     """Gaussian noise of std ``sigma * C`` on every coordinate of every variable."""
 
-    def __init__(self, noise_multiplier: float, l2_norm_clip: float, seed: Optional[int] = None):
-        super().__init__(DPSGDPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip), seed=seed)
+    @classmethod
+    def of(cls, noise_multiplier: float, l2_norm_clip: float, seed: Optional[int] = None) -> "DPSGD":
+        """``DPSGD(DPSGDPlan(...), seed)``. Example: ``DPSGD.of(1.1, 1.0, seed=0)``."""
+        return cls(DPSGDPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip), seed)
 
     @property
     def noise_multiplier(self) -> float:
@@ -63,4 +65,4 @@ class DPSGD(Mechanism):
 
 def from_config(config, seed: Optional[int] = None) -> DPSGD:
     """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.dpsgd`; ``KNOBS`` re-exported)."""
-    return plan_from_config(config).make_rule(seed)
+    return DPSGD(plan_from_config(config), seed)

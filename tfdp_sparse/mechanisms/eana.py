@@ -24,7 +24,7 @@ Knobs: none beyond ``noise_multiplier`` (sigma) and ``l2_norm_clip`` (C).
 
 Example::
 
-    mech = EANA(noise_multiplier=1.0, l2_norm_clip=1.0, seed=0)
+    mech = EANA.of(noise_multiplier=1.0, l2_norm_clip=1.0, seed=0)
     out = mech.privatize(grads, variables, is_table)
     out.grads[0]            # IndexedSlices over the unique looked-up rows
     mech.step_event(0.01)   # None: see mech.not_private_reason()
@@ -66,8 +66,10 @@ class EANA(Mechanism):
       seed: seed of the noise generator.
     """
 
-    def __init__(self, noise_multiplier: float, l2_norm_clip: float, seed: Optional[int] = None):
-        super().__init__(EANAPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip), seed=seed)
+    @classmethod
+    def of(cls, noise_multiplier: float, l2_norm_clip: float, seed: Optional[int] = None) -> "EANA":
+        """``EANA(EANAPlan(...), seed)``. Example: ``EANA.of(1.0, 1.0, seed=0)``."""
+        return cls(EANAPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip), seed)
 
     @property
     def noise_multiplier(self) -> float:
@@ -96,4 +98,4 @@ class EANA(Mechanism):
 
 def from_config(config, seed: Optional[int] = None) -> EANA:
     """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.eana`)."""
-    return plan_from_config(config).make_rule(seed)
+    return EANA(plan_from_config(config), seed)

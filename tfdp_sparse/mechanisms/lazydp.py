@@ -19,9 +19,21 @@ exactly):
   width ``d``, see :meth:`LazyDP.memory_report`);
 * ``lr_sq_cumsum[s] = sum_{u<=s} eta_u^2`` (float64, one entry per step,
   independent of the vocabulary) so learning-rate schedules are exact;
+* ``completed_steps`` (int64): the steps applied so far, the ``k`` reads
+  catch rows up to;
 * the noise generator ``rng``.
 
-Per step ``t`` (``k = optimizer.iterations = t - 1`` completed steps):
+The step number and each step's rate come from the optimizer's
+:class:`~tfdp_sparse.mechanisms.step_context.StepContext` (``privatize(...,
+context=)``), never from the optimizer itself: :meth:`LazyDP.apply` records
+them, and the read hooks of the next forward pass (which runs before the
+optimizer's next step) read the record. A checkpoint written before the
+record existed has no ``completed_steps``: a step after restoring it is
+refused (the record disagrees with the context's step) unless
+:meth:`~tfdp_sparse.mechanisms.lazydp_catchup.LazyCatchUp.resume_at` is
+given the restored ``optimizer.iterations``.
+
+Per step ``t`` (``k = completed_steps = t - 1``):
 
 1. *read hook* (registered on every :class:`~tfdp_sparse.layers.DPEmbedding`
    by :meth:`LazyDP.bind_model`): the rows the batch reads catch up to ``k``
@@ -59,7 +71,7 @@ cost proportional to the number of skipped steps.
 
 Example::
 
-    mech = LazyDP(noise_multiplier=1.0, l2_norm_clip=1.0, seed=0)
+    mech = LazyDP.of(noise_multiplier=1.0, l2_norm_clip=1.0, seed=0)
     mech.bind_model(model)                       # built model with DPEmbedding
     opt = DPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)
     ...train...
@@ -74,14 +86,15 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_duplicates
+from tfdp_sparse.mechanisms.base import Gradient, Mechanism, Noise, NoisedGradients, StepGrads, sum_duplicates
 from tfdp_sparse.mechanisms.binding import bound_mechanisms  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.lazydp_binding import LazyBinding, _Tables
-from tfdp_sparse.mechanisms.lazydp_catchup import LazyCatchUp, _no_autograph, _refuse_xla
+from tfdp_sparse.mechanisms.lazydp_catchup import STEP_MISMATCH, LazyCatchUp, _no_autograph, _refuse_xla
 from tfdp_sparse.mechanisms.lazydp_replicas import LazyReplicas
 from tfdp_sparse.mechanisms.lazydp_sharded import LazySharded
 from tfdp_sparse.mechanisms.tables import variable_key
+from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.mechanisms.plans.lazydp import KNOBS, LazyDPPlan, parse_bool, plan_from_config  # noqa: F401
 
 _INITIAL_STEPS = 1024
@@ -90,28 +103,26 @@ _INITIAL_STEPS = 1024
 class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
     """DP-SGD with lazily applied, aggregated noise on embedding tables.
 
-    Args:
+    Built as ``LazyDP(plan, noise)`` (or ``LazyDP.of(noise_multiplier, l2_norm_clip, seed, aggregate,
+    dense_fallback)``). Plan settings (:class:`LazyDPPlan`):
       noise_multiplier: sigma (>= 0).
       l2_norm_clip: per-example clipping bound C (> 0).
-      seed: seed of the noise generator (``None``: non-deterministic).
       aggregate: one draw for all skipped steps of a row (default); ``False``
         draws once per skipped step (benchmark baseline, same distribution).
       dense_fallback: give plain ``tf.keras.layers.Embedding`` tables dense
         DP-SGD noise every step instead of refusing them in ``bind_model``.
     """
 
-    def __init__(
-        self,
-        noise_multiplier: float,
-        l2_norm_clip: float,
-        seed: Optional[int] = None,
-        aggregate: bool = True,
-        dense_fallback: bool = False,
-    ):
-        plan = LazyDPPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, aggregate=aggregate,
-                          dense_fallback=dense_fallback)
-        super().__init__(plan, seed=seed)
+    def __init__(self, plan: LazyDPPlan, noise: Noise = None):
+        super().__init__(plan, noise)
         self._init_lazy_state()
+
+    @classmethod
+    def of(cls, noise_multiplier: float, l2_norm_clip: float, seed: Optional[int] = None, aggregate: bool = True,
+           dense_fallback: bool = False) -> "LazyDP":
+        """``LazyDP(LazyDPPlan(...), seed)``. Example: ``LazyDP.of(1.0, 1.0, seed=0)``."""
+        return cls(LazyDPPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, aggregate=aggregate,
+                              dense_fallback=dense_fallback), seed)
 
     def _init_lazy_state(self) -> None:
         """The rate sum and the (empty) per-table state; also used by rules that reuse LazyDP's deferral."""
@@ -122,6 +133,9 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
                 trainable=False,
                 name="lr_sq_cumsum",
             )
+            self.completed_steps = tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                               name="lazydp_completed_steps")
+        self._expected_batch_size: Optional[float] = None  # B, from check_optimizer or the first step context
         self._histories: list = []  # tf.Variable, or ShardedVariable for a sharded table
         self._rate_copies: list[tf.Variable] = []  # lr_sq_cumsum on each server holding a table shard
         self._rate_copy_devices: list[str] = []
@@ -142,7 +156,7 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
     @_no_autograph
     def apply(self, step: StepGrads) -> NoisedGradients:
         """Sparse noise on touched rows of bound tables, dense noise elsewhere (see module doc)."""
-        opt = self._optimizer(required="privatize")
+        context = self._step_context(step)
         _refuse_xla()
         if any(step.is_table) and not self._tables.bound:
             raise ValueError(
@@ -150,8 +164,11 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
                 "DPEmbedding table are caught up before they are read"
             )
         stddev = self.noise_multiplier * self.l2_norm_clip
-        now = tf.cast(opt.iterations, tf.int32) + 1
-        recorded = self._record_learning_rate(opt, now)
+        in_step = tf.debugging.assert_equal(self.completed_steps, context.step, message=STEP_MISMATCH)
+        with tf.control_dependencies([in_step]):
+            now = tf.cast(context.step, tf.int32) + 1
+            recorded = self._record_learning_rate(context.learning_rate, now)
+        marks = [recorded]
         domains = self._noised_domains(step)
         out: list[Gradient] = []
         count = tf.constant(0, tf.int64)
@@ -176,10 +193,34 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
             noised = summed + self.gaussian_noise(tf.shape(summed), stddev)
             if not is_sharded(var):  # sharded: ShardedDPOptimizer calls mark_shard_rows with its update
                 with tf.control_dependencies([recorded]):
-                    self._histories[i].scatter_update(tf.IndexedSlices(tf.fill(tf.shape(ids), now), ids))
+                    marks.append(self._histories[i].scatter_update(tf.IndexedSlices(tf.fill(tf.shape(ids), now), ids)))
             out.append(tf.IndexedSlices(noised, ids, grad.dense_shape))
             count += tf.cast(tf.size(ids), tf.int64) * int(var.shape[1])
-        return NoisedGradients(out, count)
+        with tf.control_dependencies(marks):  # the next reads catch rows up to this step
+            advanced = self.completed_steps.assign(tf.cast(now, tf.int64))
+        with tf.control_dependencies([advanced]):
+            return NoisedGradients(out, tf.identity(count))
+
+    def _step_context(self, step: StepGrads) -> StepContext:
+        """The step's context; records ``B`` from the first one, refuses a missing context or another ``B``."""
+        context = step.context
+        if context is None:
+            raise ValueError(
+                f"{type(self).__name__}.privatize needs the optimizer's StepContext (privatize(..., context=...)): "
+                "the deferred noise is indexed by the step number and scaled by each step's learning rate; "
+                "DPOptimizer.private_step passes it (DPOptimizer.step_context())"
+            )
+        if context.expected_batch_size is None:
+            raise ValueError(f"{type(self).__name__} needs a fixed expected_batch_size in the step context, got None")
+        if self._expected_batch_size is None:
+            self._expected_batch_size = context.expected_batch_size
+        elif context.expected_batch_size != self._expected_batch_size:
+            raise ValueError(
+                f"{type(self).__name__}: the step context's expected_batch_size={context.expected_batch_size:g} "
+                f"differs from the B={self._expected_batch_size:g} its optimizer was checked with; the deferred "
+                "noise of every step is scaled by one fixed B"
+            )
+        return context
 
     def _noised_domains(self, step: StepGrads) -> list:
         """Per variable, what :meth:`_rows_to_noise` restricts a table's rows to (LazyDP: nothing)."""
@@ -234,4 +275,4 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
 
 def from_config(config, seed: Optional[int] = None) -> LazyDP:
     """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.lazydp`)."""
-    return plan_from_config(config).make_rule(seed)
+    return LazyDP(plan_from_config(config), seed)

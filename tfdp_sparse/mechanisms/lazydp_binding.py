@@ -2,8 +2,10 @@
 
 ``check_optimizer`` refuses optimizers that break LazyDP's equivalence with
 dense DP-SGD (Lim et al., ASPLOS'24, §5.2: plain SGD, no momentum, a fixed
-expected batch size) and keeps a weak reference to the optimizer;
-``bind_model`` creates one int32 history per ``DPEmbedding`` table and
+expected batch size) and records that batch size (the scale of the
+deferred noise; the step and the learning rates come from each step's
+:class:`~tfdp_sparse.mechanisms.step_context.StepContext`, never from the
+optimizer); ``bind_model`` creates one int32 history per ``DPEmbedding`` table and
 registers the catch-up read hooks (:mod:`.lazydp_catchup`).
 
 Example::
@@ -13,9 +15,6 @@ Example::
 """
 
 from __future__ import annotations
-
-import weakref
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -34,8 +33,6 @@ class _Tables:
         self.index: dict = {}  # table.ref() -> position in LazyDP._histories
         self.dense_fallback: dict = {}  # table.ref() -> layer name
         self.bound = False
-        self.optimizer = None  # weakref to the optimizer checked last
-
 
 
 def _check_table_optimizer(optimizer) -> None:
@@ -64,12 +61,13 @@ def _check_table_optimizer(optimizer) -> None:
             "moments) the skipped steps would have changed. Use table_optimizer=None (plain SGD) with LazyDP, "
             "or a mechanism without deferred noise (EANA, DP-FEST, DP-AdaFEST, DP-SGD) for this optimizer"
         )
-    schedule = isinstance(optimizer._learning_rate, tf.keras.optimizers.schedules.LearningRateSchedule)
+    rate = optimizer.get_config()["learning_rate"]  # a number, or a schedule's config (a dict)
+    schedule = isinstance(rate, dict)
     # Both rates are applied in float32 (the table's dtype).
-    if schedule or float(optimizer.learning_rate) != float(np.float32(rule.learning_rate)):
+    if schedule or float(np.float32(rate)) != float(np.float32(rule.learning_rate)):
         raise ValueError(
             f"LazyDP refuses TableSGD(learning_rate={rule.learning_rate}) on a DPOptimizer with learning_rate="
-            f"{'a schedule' if schedule else float(optimizer.learning_rate)}: the deferred noise is scaled by the "
+            f"{'a schedule' if schedule else float(rate)}: the deferred noise is scaled by the "
             "optimizer's rates, so the tables must step at exactly those rates. Use table_optimizer=None"
         )
 
@@ -79,7 +77,7 @@ class LazyBinding:
 
 
     def check_optimizer(self, optimizer) -> None:
-        """Refuses optimizers that break the equivalence; keeps a reference.
+        """Refuses optimizers that break the equivalence; records the expected batch size ``B``.
 
         Called by ``DPOptimizer.__init__``. LazyDP needs plain SGD (no
         momentum, weight decay or EMA, no row-wise ``table_optimizer`` other
@@ -115,7 +113,7 @@ class LazyBinding:
                 "of those steps, so B must be the fixed expected batch size (as Poisson-sampled DP-SGD "
                 "requires anyway), not the size of each batch"
             )
-        self._tables.optimizer = weakref.ref(optimizer)
+        self._expected_batch_size = float(batch)
 
     def bind_model(self, model) -> None:
         """Registers read hooks on every ``DPEmbedding`` of a built ``model``.
@@ -188,14 +186,3 @@ class LazyBinding:
             )
         if layer.built:
             self._tables.dense_fallback[layer.embeddings.ref()] = layer.name
-
-
-    def _optimizer(self, required: Optional[str] = None):
-        ref = self._tables.optimizer
-        opt = ref() if ref is not None else None
-        if opt is None and required is not None:
-            raise ValueError(
-                f"LazyDP.{required} needs its optimizer: construct DPOptimizer(mechanism=<this LazyDP>, "
-                "expected_batch_size=B) first (it calls check_optimizer)"
-            )
-        return opt

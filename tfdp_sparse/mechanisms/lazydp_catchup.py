@@ -6,6 +6,12 @@ al., ASPLOS'24, §5.2.1 lazy update and §5.2.2 aggregated sampling); a flush
 does so for every row, in blocks. All draws come from the mechanism's
 generator.
 
+The step ``k`` rows are caught up to and the rates ``eta_s`` are the
+mechanism's own record (``completed_steps`` and ``lr_sq_cumsum``), written by
+:meth:`LazyDP.apply <tfdp_sparse.mechanisms.lazydp.LazyDP.apply>` from the
+optimizer's :class:`~tfdp_sparse.mechanisms.step_context.StepContext`; the
+read hooks of the next forward pass read that record, never an optimizer.
+
 Example::
 
     mech.has_pending()   # True after steps that skipped rows
@@ -16,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import tensorflow as tf
 
@@ -73,17 +80,6 @@ def _export_error_type() -> type:
     return ExportWithPendingNoiseError
 
 
-def current_learning_rate(opt, dtype=tf.float32) -> tf.Tensor:
-    """The rate a Keras optimizer's ``apply_gradients`` uses at this step (a schedule at ``iterations``).
-
-    Example: ``current_learning_rate(tf.keras.optimizers.SGD(0.5))`` -> ``0.5``.
-    """
-    lr = getattr(opt, "_learning_rate", None)
-    if callable(lr) and not isinstance(lr, (tf.Variable, tf.Tensor)):  # a LearningRateSchedule
-        return tf.cast(lr(opt.iterations), dtype)
-    return tf.cast(opt.learning_rate, dtype)
-
-
 def _record_rate(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     """``cum[step] = cum[step - 1] + lr^2``, doubling ``cum`` first when it is full.
 
@@ -113,21 +109,38 @@ def _record_rate(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
         return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(step, [1])))
 
 
+#: Why a step is refused when the mechanism's step record and the optimizer's step disagree.
+STEP_MISMATCH = (
+    "LazyDP's step record (its variable completed_steps) disagrees with the optimizer's step counter: the "
+    "mechanism and the optimizer were restored from different checkpoints, or from a checkpoint written before "
+    "LazyDP recorded its own step (tfdp_sparse before the step context, issue 21), which holds no completed_steps. "
+    "Restore mechanism, optimizer and model from one checkpoint; for an older checkpoint call "
+    "mechanism.resume_at(int(optimizer.iterations)) right after restoring it"
+)
+
+
 class LazyCatchUp:
     """Mixin of :class:`~tfdp_sparse.mechanisms.lazydp.LazyDP`: deferred noise and its checks."""
 
-    def _scale(self, opt) -> float:
+    def _scale(self) -> float:
         """sigma C / B: the std of one step's noise on a row, per unit learning rate."""
-        return self.noise_multiplier * self.l2_norm_clip / float(opt.expected_batch_size)
+        if self._expected_batch_size is None:
+            raise ValueError(
+                "LazyDP needs the expected batch size B before it can catch rows up: construct "
+                "DPOptimizer(mechanism=<this LazyDP>, expected_batch_size=B) first (it calls check_optimizer)"
+            )
+        return self.noise_multiplier * self.l2_norm_clip / self._expected_batch_size
 
-    @staticmethod
-    def _learning_rate(opt) -> tf.Tensor:
-        """The rate ``apply_gradients`` uses this step (float64)."""
-        return current_learning_rate(opt, tf.float64)
+    def _completed(self) -> tf.Tensor:
+        """``k``: the steps this mechanism has applied (int32), the step reads catch rows up to."""
+        return tf.cast(self.completed_steps, tf.int32)
 
-    def _record_learning_rate(self, opt, step: tf.Tensor) -> tf.Tensor:
+    def _knows_batch(self) -> bool:
+        return self._expected_batch_size is not None
+
+    def _record_learning_rate(self, learning_rate: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
         """``lr_sq_cumsum[step] = lr_sq_cumsum[step - 1] + eta_step^2`` (grows by doubling), and its copies."""
-        lr = self._learning_rate(opt)
+        lr = tf.cast(learning_rate, tf.float64)
         written = [_record_rate(cum, lr, step) for cum in [self.lr_sq_cumsum, *self._rate_copies]]
         with tf.control_dependencies(written):
             return tf.identity(written[0])
@@ -151,17 +164,15 @@ class LazyCatchUp:
         _, total = tf.while_loop(lambda s, _: s <= k, body, (start + 1, tf.zeros(shape, tf.float32)))
         return total * scale
 
-    def _table_pending(self, i: int, opt) -> tf.Tensor:
-        """Exact: some row of table ``i`` is behind ``optimizer.iterations``."""
-        k = tf.cast(opt.iterations, tf.int32)
-        return tf.reduce_min(self._histories[i]) < k
+    def _table_pending(self, i: int) -> tf.Tensor:
+        """Exact: some row of table ``i`` is behind the mechanism's completed steps."""
+        return tf.reduce_min(self._histories[i]) < self._completed()
 
     def _refuse_export_if_pending(self, i: int) -> None:
-        opt = self._optimizer()
-        if opt is None or self.noise_multiplier == 0:
+        if self.noise_multiplier == 0:
             return
         with tf.init_scope():
-            pending = bool(self._table_pending(i, opt).numpy())
+            pending = bool(self._table_pending(i).numpy())
         if pending:
             raise _export_error_type()(
                 f"refusing to trace table {self._tables.names[i]!r} for a SavedModel: LazyDP has pending noise "
@@ -172,10 +183,11 @@ class LazyCatchUp:
     # -- read hooks ----------------------------------------------------------
 
     def _hook_target(self, table: tf.Variable):
-        """``(table index, optimizer)`` when a read of ``table`` may owe noise, else ``None``.
+        """The table's index when a read of ``table`` may owe noise, else ``None``.
 
-        ``None`` for tables not bound, sigma 0, no step run yet, and while a
-        SavedModel is traced (which is refused first if rows still owe noise).
+        ``None`` for tables not bound, sigma 0, before any optimizer or step
+        told the mechanism its batch size (nothing is owed before a step), and
+        while a SavedModel is traced (which is refused first if rows still owe noise).
         """
         i = self._tables.index.get(variable_key(table))
         if i is None or self.noise_multiplier == 0:
@@ -183,8 +195,7 @@ class LazyCatchUp:
         if _in_save_context():
             self._refuse_export_if_pending(i)
             return None
-        opt = self._optimizer()
-        return None if opt is None else (i, opt)
+        return i if self._knows_batch() else None
 
     @_no_autograph
     def _catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor, shard_ids=None):
@@ -192,18 +203,17 @@ class LazyCatchUp:
 
         ``shard_ids``: a sharded table's read passes its shard-local ids (:mod:`.lazydp_sharded`).
         """
-        target = self._hook_target(table)
-        if target is None:
+        i = self._hook_target(table)
+        if i is None:
             return None
-        i, opt = target
         _refuse_xla()
         if replica_catch_up_needed(table):  # mirrored replicas: once per global batch (:mod:`.lazydp_replicas`)
-            return self._replica_catch_up(table, unique_ids, opt)
+            return self._replica_catch_up(table, unique_ids)
         if is_sharded(table) and self.aggregate:  # :mod:`.lazydp_sharded`: drawn and written on the servers
             if shard_ids is None:  # the caller reads the rows itself, after the writes
-                return self._server_catch_up(i, table, split_ids(unique_ids, table), opt)[1]
-            return self._server_catch_up(i, table, shard_ids, opt)[0]  # the layer's read: rows less owed noise
-        ids, noise = self.owed_rows(table, unique_ids, opt.iterations)
+                return self._server_catch_up(i, table, split_ids(unique_ids, table))[1]
+            return self._server_catch_up(i, table, shard_ids)[0]  # the layer's read: rows less owed noise
+        ids, noise = self.owed_rows(table, unique_ids, self._completed())
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
         return table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
 
@@ -220,12 +230,11 @@ class LazyCatchUp:
         width = int(table.shape[1])
         if i is None or self.noise_multiplier == 0:
             return tf.zeros([0], tf.int64), tf.zeros([0, width], tf.float32)
-        opt = self._optimizer(required="owed_rows")
         ids = tf.cast(unique_ids, tf.int64)
         history = self._histories[i]
         k = tf.cast(completed_steps, tf.int32)
         last = history_rows(history, ids)
-        noise = self._deferred_noise(last, k, tf.stack([tf.size(ids), width]), self._scale(opt))
+        noise = self._deferred_noise(last, k, tf.stack([tf.size(ids), width]), self._scale())
         with tf.control_dependencies([noise]):
             update = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))
         with tf.control_dependencies([update]):
@@ -234,14 +243,13 @@ class LazyCatchUp:
     @_no_autograph
     def _inference_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
         """Read outside training: flush the whole table first if it may owe noise."""
-        target = self._hook_target(table)
-        if target is None:
+        i = self._hook_target(table)
+        if i is None:
             return None
-        i, opt = target
-        maybe_pending = self._flushed_at[i] < tf.cast(opt.iterations, tf.int64)
+        maybe_pending = self._flushed_at[i] < tf.cast(self.completed_steps, tf.int64)
 
         def flush():
-            with tf.control_dependencies([self._flush_table(i, opt)]):
+            with tf.control_dependencies([self._flush_table(i)]):
                 return tf.constant(True)
 
         return tf.cond(maybe_pending, flush, lambda: tf.constant(False))
@@ -249,14 +257,14 @@ class LazyCatchUp:
     # -- flush ---------------------------------------------------------------
 
     @_no_autograph
-    def _flush_table(self, i: int, opt):
+    def _flush_table(self, i: int):
         """Catches every row of table ``i`` up, in row blocks of ~16M values.
 
         Blocks keep the extra memory to one block of noise (a whole-table
         draw would add two table-sized temporaries: 5 GB at 1e7 x 64).
         """
         table, history = self._tables.variables[i], self._histories[i]
-        k = tf.cast(opt.iterations, tf.int32)
+        k = self._completed()
         rows, width = int(table.shape[0]), int(table.shape[1])
         block = max(1, _FLUSH_BLOCK_VALUES // width)
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
@@ -265,7 +273,7 @@ class LazyCatchUp:
             stop = min(rows, start + block)
             with tf.control_dependencies(ops[-1:]):
                 last = history[start:stop]
-                noise = self._deferred_noise(last, k, [stop - start, width], self._scale(opt))
+                noise = self._deferred_noise(last, k, [stop - start, width], self._scale())
                 ids = tf.range(start, stop, dtype=tf.int64)
                 ops.append(table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape)))
         with tf.control_dependencies(ops[-1:]):
@@ -277,36 +285,34 @@ class LazyCatchUp:
     def flush(self) -> None:
         """Applies all pending noise to every row of every bound table (one dense pass each).
 
-        Afterwards every row is caught up to ``optimizer.iterations``. Works
-        eagerly and inside ``tf.function``. Draws from ``rng``: a run that
-        flushes at other steps has the same distribution, not the same values.
+        Afterwards every row is caught up to the mechanism's completed steps
+        (the optimizer's step count). Works eagerly and inside ``tf.function``.
+        Draws from ``rng``: a run that flushes at other steps has the same
+        distribution, not the same values. Before any optimizer told the
+        mechanism its batch size no step has run and nothing is owed.
         """
-        opt = self._optimizer()
-        if opt is None or self.noise_multiplier == 0:
+        if not self._knows_batch() or self.noise_multiplier == 0:
             return None
-        self._check_consistent(opt)
+        self._check_consistent()
         for i in range(len(self._histories)):
-            self._flush_table(i, opt)
+            self._flush_table(i)
         return None
 
     def has_pending(self) -> bool:
         """True when some row of a bound table still owes noise (exact; reads the histories)."""
-        opt = self._optimizer()
-        if opt is None or self.noise_multiplier == 0:
+        if self.noise_multiplier == 0:
             return False
-        self._check_consistent(opt)
-        return any(bool(self._table_pending(i, opt).numpy()) for i in range(len(self._histories)))
+        self._check_consistent()
+        return any(bool(self._table_pending(i).numpy()) for i in range(len(self._histories)))
 
     def pending_rows(self) -> dict:
         """``{table name: number of rows that owe noise}`` (for messages and tests)."""
-        opt = self._optimizer()
         out = {}
         for name, history in zip(self._tables.names, self._histories):
-            if opt is None or self.noise_multiplier == 0:
+            if self.noise_multiplier == 0:
                 out[name] = 0
             else:
-                k = tf.cast(opt.iterations, tf.int32)
-                out[name] = int(tf.reduce_sum(tf.cast(history < k, tf.int64)).numpy())
+                out[name] = int(tf.reduce_sum(tf.cast(history < self._completed(), tf.int64)).numpy())
         return out
 
     @_no_autograph
@@ -317,22 +323,48 @@ class LazyCatchUp:
         ``optimizer.iterations`` to 0 (tests, benchmarks); ``rng`` keeps
         running, so repeats draw independent noise.
         """
+        self.completed_steps.assign(tf.zeros_like(self.completed_steps))
         for cum in [self.lr_sq_cumsum, *self._rate_copies]:
             cum.assign(tf.zeros_like(cum))
         for history, flushed_at in zip(self._histories, self._flushed_at):
             history.assign(tf.zeros(history.shape, history.dtype))
             flushed_at.assign(tf.zeros_like(flushed_at))
 
-    def _check_consistent(self, opt) -> None:
+    def resume_at(self, completed_steps: int) -> None:
+        """Sets the step record after restoring a checkpoint written before LazyDP kept one.
+
+        Such a checkpoint (no ``completed_steps`` variable) holds the
+        histories, the rate sum and the optimizer's ``iterations``; pass the
+        restored ``iterations``. Refuses a record that is already set to
+        another step (this mechanism has run or was restored with a record),
+        and a step below what the histories or the rate record say.
+
+        Example::
+
+            tf.train.Checkpoint(model=model, optimizer=opt, mechanism=mech).restore(old_path).expect_partial()
+            mech.resume_at(int(opt.iterations))
+        """
+        completed_steps = int(completed_steps)
+        current = int(self.completed_steps.numpy())
+        if current not in (0, completed_steps):
+            raise ValueError(f"LazyDP.resume_at({completed_steps}): the mechanism's step record already says "
+                             f"{current}; resume_at is only for checkpoints written before the record existed")
+        recorded = int(tf.shape(self.lr_sq_cumsum)[0].numpy())
+        if completed_steps < 0 or completed_steps >= recorded:
+            raise ValueError(f"LazyDP.resume_at({completed_steps}): must be in [0, {recorded}) (the rate record "
+                             f"holds {recorded} entries)")
+        self._check_consistent(completed_steps)
+        self.completed_steps.assign(completed_steps)
+
+    def _check_consistent(self, k: Optional[int] = None) -> None:
+        """Eagerly: refuses histories ahead of step ``k`` (default: the step record)."""
         if not tf.executing_eagerly():
             return
-        k = int(opt.iterations.numpy())
+        k = int(self.completed_steps.numpy()) if k is None else k
         for name, history in zip(self._tables.names, self._histories):
             owing = tf.convert_to_tensor(history)
             owing = tf.where(owing == NEVER_OWES, tf.zeros_like(owing), owing)
             ahead = int(tf.reduce_max(owing).numpy()) if int(history.shape[0]) else 0
             if ahead > k:
-                raise ValueError(
-                    f"LazyDP history of table {name!r} says step {ahead} but optimizer.iterations={k}: "
-                    "restore the mechanism, the optimizer and the model from the same checkpoint"
-                )
+                raise ValueError(f"LazyDP history of table {name!r} says step {ahead} but completed_steps={k}. "
+                                 + STEP_MISMATCH)

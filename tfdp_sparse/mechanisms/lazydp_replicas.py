@@ -31,7 +31,7 @@ def replica_catch_up_needed(table) -> bool:
 class LazyReplicas:
     """Mixin of :class:`~tfdp_sparse.mechanisms.lazydp.LazyDP`: catch-up under mirrored replicas (module doc)."""
 
-    def _replica_catch_up(self, table, unique_ids: tf.Tensor, opt) -> tf.Tensor:
+    def _replica_catch_up(self, table, unique_ids: tf.Tensor) -> tf.Tensor:
         """Joins the other replicas; returns a tensor the read waits for (the update of every copy)."""
         shape = tf.constant(table.shape.as_list(), tf.int64)
 
@@ -40,7 +40,7 @@ class LazyReplicas:
 
         def merge(strategy, ids):
             union = tf.unique(strategy.gather(ids, axis=0))[0]  # rows of the global batch, each once
-            rows, noise = self.owed_rows(table, union, opt.iterations)  # one draw per row; history marked
+            rows, noise = self.owed_rows(table, union, self._completed())  # one draw per row; history marked
             updated = strategy.extended.update(table, subtract, args=(noise, rows), group=True)
             with tf.control_dependencies(tf.nest.flatten(updated)):
                 return tf.constant(0)

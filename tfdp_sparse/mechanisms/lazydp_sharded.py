@@ -120,8 +120,8 @@ class LazySharded:
         self._rate_copy_devices.append(device)
         return copy
 
-    def _server_catch_up(self, i: int, table, shard_ids: list, opt) -> tuple[ShardRows, tf.Operation]:
-        """Reads rows of sharded table ``i`` caught up to ``optimizer.iterations``, on the servers.
+    def _server_catch_up(self, i: int, table, shard_ids: list) -> tuple[ShardRows, tf.Operation]:
+        """Reads rows of sharded table ``i`` caught up to the mechanism's completed steps, on the servers.
 
         ``shard_ids``: unique local ids per shard; from the layer's read, the very tensors
         it would gather with, so the servers receive them once. Each server returns
@@ -129,8 +129,8 @@ class LazySharded:
         the read does not wait for the write. Returns the rows and the writes.
         """
         history = self._histories[i]
-        k = tf.cast(opt.iterations, tf.int32)
-        scale = self._scale(opt)
+        k = self._completed()
+        scale = self._scale()
         parts, writes = [], []
         for shard, block, local in zip(table.variables, history.variables, shard_ids):
             cum, generator = self._rate_copy(shard.device), self._server_generator(shard.device)
@@ -145,13 +145,13 @@ class LazySharded:
 
         Called by :class:`~tfdp_sparse.distribute.optimizer.ShardedDPOptimizer` with the very
         ``IndexedSlices`` it applies, so the ids already sent for the update are reused on the
-        server (no extra bytes). Empty for tables not bound or sigma 0.
+        server (no extra bytes). Empty for tables not bound or sigma 0. Runs after :meth:`LazyDP.apply`
+        of the same step, which advanced ``completed_steps`` to this step.
         """
         i = self._tables.index.get(variable_key(table))
-        opt = self._optimizer()
-        if i is None or opt is None or self.noise_multiplier == 0:
+        if i is None or self.noise_multiplier == 0:
             return []
-        now = tf.cast(opt.iterations, tf.int32) + 1
+        now = self._completed()
         ops = []
         for part, block in zip(parts, self._histories[i].variables):
             if part is None:

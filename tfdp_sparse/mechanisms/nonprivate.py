@@ -6,7 +6,7 @@ gradients stay ``tf.IndexedSlices`` and the optimizer updates tables with a
 
 Example::
 
-    mech = NonPrivate()
+    mech = NonPrivate.of()
     mech.step_event(0.01)      # NonPrivateDpEvent: epsilon is infinite
 """
 
@@ -23,8 +23,13 @@ from tfdp_sparse.mechanisms.plans.nonprivate import KNOBS, NonPrivatePlan, plan_
 class NonPrivate(Mechanism):
     """Identity update rule (ordinary SGD)."""
 
-    def __init__(self, seed: Optional[int] = None):
-        super().__init__(NonPrivatePlan(), seed=seed)
+    def __init__(self, plan: Optional[NonPrivatePlan] = None, noise=None):
+        super().__init__(NonPrivatePlan() if plan is None else plan, noise)
+
+    @classmethod
+    def of(cls, seed: Optional[int] = None) -> "NonPrivate":
+        """``NonPrivate(NonPrivatePlan(), seed)``."""
+        return cls(NonPrivatePlan(), seed)
 
     def apply(self, step: StepGrads) -> NoisedGradients:
         count = tf.constant(0, tf.int64)
@@ -37,4 +42,4 @@ class NonPrivate(Mechanism):
 
 def from_config(config, seed: Optional[int] = None) -> NonPrivate:
     """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.nonprivate`)."""
-    return plan_from_config(config).make_rule(seed)
+    return NonPrivate(plan_from_config(config), seed)

@@ -22,7 +22,7 @@ STD = SIGMA * CLIP * LR / BATCH
 
 MECHANISMS = {
     "dpsgd": lambda: build(PrivacyConfig(algorithm="dpsgd", noise_multiplier=SIGMA, l2_norm_clip=CLIP)),
-    "dpsgd_server": lambda: ServerNoiseDPSGD(noise_multiplier=SIGMA, l2_norm_clip=CLIP),
+    "dpsgd_server": lambda: ServerNoiseDPSGD.of(noise_multiplier=SIGMA, l2_norm_clip=CLIP),
     "eana": lambda: build(PrivacyConfig(algorithm="eana", noise_multiplier=SIGMA, l2_norm_clip=CLIP)),
     "lazydp": lambda: build(PrivacyConfig(algorithm="lazydp", noise_multiplier=SIGMA, l2_norm_clip=CLIP)),
 }
@@ -102,7 +102,7 @@ def test_server_noise_reaches_unsharded_and_untouched_tables(ps):
     strategy, coordinator = ps
     with strategy.scope(), fixed_shape_variables(64):
         model = _three_table_model()
-        mechanism = ServerNoiseDPSGD(noise_multiplier=SIGMA, l2_norm_clip=CLIP)
+        mechanism = ServerNoiseDPSGD.of(noise_multiplier=SIGMA, l2_norm_clip=CLIP)
         optimizer = ShardedDPOptimizer(mechanism, learning_rate=LR, expected_batch_size=BATCH)
     recorder = optimizer.attach(model)
     mechanism.bind_model(model)

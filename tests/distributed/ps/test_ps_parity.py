@@ -28,7 +28,7 @@ MECHANISMS = {
     "adafest_plus": lambda: build(PrivacyConfig(
         algorithm="adafest_plus", noise_multiplier=0.0, l2_norm_clip=CLIP,
         extra=(("kept_ids", (KEPT,)), ("tau", 0.5), ("sigma1", 1e-6), ("sigma2", 0.0), ("C1", 1.0)))),
-    "dpsgd_server": lambda: ServerNoiseDPSGD(noise_multiplier=0.0, l2_norm_clip=CLIP),
+    "dpsgd_server": lambda: ServerNoiseDPSGD.of(noise_multiplier=0.0, l2_norm_clip=CLIP),
 }
 
 

@@ -38,7 +38,7 @@ MECHANISMS = {
     "eana": lambda: build(PrivacyConfig(algorithm="eana")),
     "adafest": lambda: build(PrivacyConfig(algorithm="adafest", extra=(("tau", 8.0), ("sigma1", 2.0), ("C1", 1.0)))),
     "lazydp": lambda: build(PrivacyConfig(algorithm="lazydp")),
-    "dpsgd_server": lambda: ServerNoiseDPSGD(noise_multiplier=1.0, l2_norm_clip=1.0),
+    "dpsgd_server": lambda: ServerNoiseDPSGD.of(noise_multiplier=1.0, l2_norm_clip=1.0),
     "dpsgd_worker": lambda: build(PrivacyConfig(algorithm="dpsgd")),
 }
 

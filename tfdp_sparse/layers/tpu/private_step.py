@@ -135,15 +135,17 @@ class TPUPrivateStep:
         variables = list(self.split.model.trainable_variables)
         clipped = clip_from_activations(per_example_loss, tape, acts, ids, [s.combiner for s in self.plan.specs],
                                         tables, variables, self._recorder.take(), self.mechanism.l2_norm_clip)
+        context = self.optimizer.step_context()  # step t-1 and eta_t, before the step counter moves
         if self.mechanism.needs_lookups:
-            noised = self.mechanism.privatize(clipped.grads, variables, clipped.is_table, lookups=clipped.lookups)
+            noised = self.mechanism.privatize(clipped.grads, variables, clipped.is_table, lookups=clipped.lookups,
+                                              context=context)
         else:
-            noised = self.mechanism.privatize(clipped.grads, variables, clipped.is_table)
+            noised = self.mechanism.privatize(clipped.grads, variables, clipped.is_table, context=context)
         denominator = (tf.constant(self._scale) if self._scale is not None
                        else tf.cast(tf.maximum(clipped.batch_size, 1), tf.float32))
-        rate = step_learning_rate(self.optimizer)  # eta_t, before the step counter moves
+        rate = context.learning_rate
         by_table = {v.ref(): g for v, g, t in zip(variables, noised.grads, clipped.is_table) if t}
-        catch_up = self._lookahead(next_features) if (self.lazy and next_features is not None) else {}
+        catch_up = self._lookahead(next_features, context) if (self.lazy and next_features is not None) else {}
         packed = {}
         for spec, table in zip(self.plan.specs, tables):
             rows = _scaled(by_table.get(table.ref()), 1.0 / denominator, rate)
@@ -159,10 +161,10 @@ class TPUPrivateStep:
                 "update_rows": tf.add_n([tf.size(tf.unique(p[0])[0]) for p in packed.values()]),
             }
 
-    def _lookahead(self, next_features) -> dict:
+    def _lookahead(self, next_features, context) -> dict:
         """LazyDP: the catch-up owed by the rows the next batch reads, at ``k = t`` (after privatize)."""
         next_ids = self.split.ids(next_features)
-        completed = self.optimizer.iterations + 1
+        completed = context.step + 1
         out = {}
         for spec, layer, feature_ids in zip(self.plan.specs, self.split.layers, next_ids):
             out[spec.name] = lookahead.catch_up(self.mechanism, layer.embeddings,
@@ -189,7 +191,7 @@ class TPUPrivateStep:
 
     def _run_prime(self, features):
         ids = self.split.ids(features)
-        completed = self.optimizer.iterations
+        completed = self.optimizer.step_context().step
         packed = {}
         for spec, layer, feature_ids in zip(self.plan.specs, self.split.layers, ids):
             extra = lookahead.catch_up(self.mechanism, layer.embeddings, lookahead.unique_read_ids(feature_ids),
@@ -206,19 +208,6 @@ class TPUPrivateStep:
     def __call__(self, features: Features, labels, next_features: Optional[Features] = None) -> dict:
         """One step; LazyDP needs ``next_features`` (the next batch) except on the last step."""
         return self._step(features, labels, next_features)
-
-
-def step_learning_rate(optimizer) -> tf.Tensor:
-    """``eta_t`` of the step about to be applied (float32).
-
-    Keras' ``learning_rate`` property returns the rate of the *last* applied
-    step for a ``LearningRateSchedule``; the SGD update of this step uses the
-    schedule at ``optimizer.iterations`` (as LazyDP's rate record does).
-    """
-    rate = optimizer._learning_rate  # the constructor's value: a number, a variable or a schedule
-    if isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
-        return tf.cast(rate(optimizer.iterations), tf.float32)
-    return tf.cast(optimizer.learning_rate, tf.float32)
 
 
 def _scaled(rows, inverse_batch: tf.Tensor, rate: tf.Tensor):

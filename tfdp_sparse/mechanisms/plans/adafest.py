@@ -166,11 +166,6 @@ class AdaFESTPlan(Plan):
         return {"sigma1": self.sigma1, "sigma2": self.sigma2, "C1": self.C1, "tau": self.tau,
                 "false_positives": self.false_positives}
 
-    def make_rule(self, seed: Optional[int] = None):
-        from tfdp_sparse.mechanisms.adafest import AdaFEST
-
-        return AdaFEST(l2_norm_clip=self.l2_norm_clip, seed=seed, **self.noise_settings())
-
 
 def noise_settings_from_config(config) -> dict:
     """``sigma1``, ``sigma2``, ``C1``, ``tau`` from the knobs (see the module docstring)."""

@@ -42,13 +42,6 @@ class AdaFESTPlusPlan(adafest.AdaFESTPlan):
     def describe(self) -> dict:
         return {**super().describe(), **self.selection.describe()}
 
-    def make_rule(self, seed: Optional[int] = None):
-        from tfdp_sparse.mechanisms.adafest_plus import AdaFESTPlus
-        from tfdp_sparse.mechanisms.bucket_selection import BucketSelection
-
-        selection = BucketSelection.from_settings(self.selection, seed=seed)
-        return AdaFESTPlus(selection, l2_norm_clip=self.l2_norm_clip, seed=seed, **self.noise_settings())
-
 
 def plan_from_config(config) -> AdaFESTPlusPlan:
     """Registry constructor; DP-FEST's selection knobs plus DP-AdaFEST's filter knobs."""

@@ -4,9 +4,10 @@ A :class:`Plan` is the typed, frozen settings of one algorithm plus what
 follows from them alone: the ``DpEvent`` of one step and of the one-off
 setup, why the run is not private (if so), the settings for logs, and
 :class:`Requirements` — data the trainers read instead of branching on the
-algorithm's name or probing a TF object. ``make_rule(seed)`` builds the
-graph-side rule (the TF :class:`tfdp_sparse.mechanisms.base.Mechanism`),
-which delegates its accounting back to its plan.
+algorithm's name or probing a TF object. A plan never imports its rule:
+the registry (:func:`tfdp_sparse.mechanisms.register`) pairs them, and the
+graph-side rule (a TF :class:`tfdp_sparse.mechanisms.base.Mechanism`, built
+as ``Rule(plan, noise)``) delegates its accounting back to its plan.
 
 Calibration works on plans only (``mechanisms.plan(config)`` for each
 candidate σ): no ``tf.Module`` is built, and importing a built-in plan module
@@ -17,7 +18,7 @@ Example (DP-SGD, Abadi et al. 2016)::
     plan = mechanisms.plan(PrivacyConfig(algorithm="dpsgd", noise_multiplier=1.1))
     plan.step_event(0.01)          # PoissonSampled(0.01, Gaussian(1.1))
     plan.requires().clips          # True
-    rule = plan.make_rule(seed=None)  # the TF mechanism (noise from OS entropy)
+    rule = mechanisms.build_rule(plan)  # the registered TF rule (noise from OS entropy)
 """
 
 from __future__ import annotations
@@ -132,10 +133,6 @@ class Plan(abc.ABC):
     def describe(self) -> dict:
         """Privacy-relevant settings, for logs and the metrics line."""
         return {"algorithm": self.name, "l2_norm_clip": self.l2_norm_clip}
-
-    @abc.abstractmethod
-    def make_rule(self, seed: Optional[int] = None):
-        """The graph-side rule (a TF ``Mechanism``); ``seed=None`` draws noise from OS entropy."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -88,16 +88,6 @@ class DPFESTPlan(NoisePlan):
     def describe(self) -> dict:
         return {**super().describe(), **self.selection.describe(), "kept_noise": self.kept_noise.value}
 
-    def make_rule(self, seed: Optional[int] = None):
-        from tfdp_sparse.mechanisms.bucket_selection import BucketSelection
-
-        selection = BucketSelection.from_settings(self.selection, seed=seed)
-        if self.kept_noise is KeptNoise.LAZY:  # imported only when asked: LazyDP's hooks need tf-keras layers
-            from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST as rule
-        else:
-            from tfdp_sparse.mechanisms.dpfest import DPFEST as rule
-        return rule(self.noise_multiplier, self.l2_norm_clip, selection=selection, seed=seed)
-
 
 def plan_from_config(config) -> DPFESTPlan:
     """Registry constructor; knobs ``k``, ``frequency_file``, ``selection_epsilon``, ``kept_ids``,

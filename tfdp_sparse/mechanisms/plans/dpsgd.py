@@ -9,7 +9,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import dp_accounting
 
@@ -28,11 +27,6 @@ class DPSGDPlan(NoisePlan):
 
     def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
         return gaussian_step_event(self.noise_multiplier, sampling_probability)
-
-    def make_rule(self, seed: Optional[int] = None):
-        from tfdp_sparse.mechanisms.dpsgd import DPSGD
-
-        return DPSGD(self.noise_multiplier, self.l2_norm_clip, seed=seed)
 
 
 def plan_from_config(config) -> DPSGDPlan:

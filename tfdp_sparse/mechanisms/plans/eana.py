@@ -12,7 +12,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from tfdp_sparse.mechanisms.plans.base import NoisePlan
 
@@ -44,11 +43,6 @@ class EANAPlan(NoisePlan):
 
     def describe(self) -> dict:
         return {**super().describe(), "differentially_private": False, "not_private_reason": NOT_PRIVATE_REASON}
-
-    def make_rule(self, seed: Optional[int] = None):
-        from tfdp_sparse.mechanisms.eana import EANA
-
-        return EANA(self.noise_multiplier, self.l2_norm_clip, seed=seed)
 
 
 def plan_from_config(config) -> EANAPlan:

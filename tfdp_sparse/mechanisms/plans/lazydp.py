@@ -15,7 +15,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import dp_accounting
 
@@ -68,12 +67,6 @@ class LazyDPPlan(NoisePlan):
 
     def describe(self) -> dict:
         return {**super().describe(), "aggregate": self.aggregate, "dense_fallback": self.dense_fallback}
-
-    def make_rule(self, seed: Optional[int] = None):
-        from tfdp_sparse.mechanisms.lazydp import LazyDP
-
-        return LazyDP(self.noise_multiplier, self.l2_norm_clip, seed=seed, aggregate=self.aggregate,
-                      dense_fallback=self.dense_fallback)
 
 
 def plan_from_config(config) -> LazyDPPlan:

@@ -39,11 +39,6 @@ class NonPrivatePlan(Plan):
     def not_private_reason(self) -> str:
         return NOT_PRIVATE_REASON
 
-    def make_rule(self, seed: Optional[int] = None):
-        from tfdp_sparse.mechanisms.nonprivate import NonPrivate
-
-        return NonPrivate(seed=seed)
-
 
 def plan_from_config(config) -> NonPrivatePlan:
     """Registry constructor (σ and C of the config are ignored: nothing is clipped or noised)."""

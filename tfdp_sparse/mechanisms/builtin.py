@@ -1,0 +1,34 @@
+"""The built-in mechanisms, registered in this one place: name, plan module, rule.
+
+Plans and rules are named by import path (imported on first use: planning
+imports no TensorFlow). DP-FEST's rule is a function choosing the eager or
+the lazy rule from the plan's ``kept_noise``.
+
+Example::
+
+    register_builtins(Registry().register)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+_PLANS = "tfdp_sparse.mechanisms.plans"
+_RULES = "tfdp_sparse.mechanisms"
+
+#: name -> (plan module, "rule module:callable"), in the order flags list them.
+BUILTIN: tuple = (
+    ("sgd", f"{_PLANS}.nonprivate", f"{_RULES}.nonprivate:NonPrivate"),
+    ("dpsgd", f"{_PLANS}.dpsgd", f"{_RULES}.dpsgd:DPSGD"),
+    ("eana", f"{_PLANS}.eana", f"{_RULES}.eana:EANA"),
+    ("dpfest", f"{_PLANS}.dpfest", f"{_RULES}.dpfest:rule_for"),
+    ("adafest", f"{_PLANS}.adafest", f"{_RULES}.adafest:AdaFEST"),
+    ("adafest_plus", f"{_PLANS}.adafest_plus", f"{_RULES}.adafest_plus:AdaFESTPlus"),
+    ("lazydp", f"{_PLANS}.lazydp", f"{_RULES}.lazydp:LazyDP"),
+)
+
+
+def register_builtins(register: Callable) -> None:
+    """Calls ``register(name, plan, rule)`` for every built-in mechanism."""
+    for name, plan, rule in BUILTIN:
+        register(name, plan, rule)

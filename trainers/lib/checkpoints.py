@@ -30,6 +30,7 @@ import tensorflow as tf
 from tfdp_sparse import accounting
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer
+from tfdp_sparse.mechanisms.lazydp_catchup import LazyCatchUp
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 log = logging.getLogger("tfdp_sparse.train")
@@ -96,6 +97,13 @@ def find_saved_run(model_dir: Optional[str], identity: dict) -> Optional[SavedRu
     return saved
 
 
+def _lazy_run_without_step_record(mechanism, path: str) -> bool:
+    """True for a lazy-noise mechanism restoring a checkpoint that holds no ``completed_steps`` record."""
+    if not isinstance(mechanism, LazyCatchUp):
+        return False
+    return not any("completed_steps" in name for name, _ in tf.train.list_variables(path))
+
+
 class RunCheckpoint:
     """Writes and restores one run's checkpoints (a no-op without ``model_dir``)."""
 
@@ -132,7 +140,17 @@ class RunCheckpoint:
         """Restores every object of ``saved``; returns its ledger."""
         # Slot variables created later (Adam) are restored when they are built.
         status = self._checkpoint.restore(saved.path)
-        status.assert_existing_objects_matched()
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError:
+            if not _lazy_run_without_step_record(self._mechanism, saved.path):
+                raise
+            # Written before LazyDP kept its own step record (issue 21): the record is the ledger's steps,
+            # checked by resume_at against the restored histories and rate record.
+            status.expect_partial()
+            self._mechanism.resume_at(saved.ledger.steps)
+            log.warning("%s was written before LazyDP kept its own step record; resumed it at step %d",
+                        saved.path, saved.ledger.steps)
         status.expect_partial()  # slots of a run that stops at once are never built: no warning for them
         # Secure noise: fresh generator state, so two resumes of one checkpoint never add the same noise.
         self._mechanism.refresh_noise()

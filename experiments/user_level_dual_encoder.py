@@ -6,8 +6,10 @@ one user-level run per cap ``k`` in ``ks``, plus the caps ``extra_ks`` at
 ``extra_epsilon`` only. All runs train the next-movie dual encoder of
 :mod:`trainers.train_dual_encoder` (bag-of-words context, full-catalogue
 softmax) on the same synthetic users (:func:`trainers.train_dual_encoder.load_data`)
-with σ calibrated to the target ε and about ``examples_per_step`` examples
-per step: ``examples_per_step // k`` users at the user level (every
+with σ calibrated to the target ε, SGD at ``learning_rate`` for the tables
+and the dense layer alike (``LoopConfig``'s default; the trainer's command
+line defaults to Adam for the dense layer) and about ``examples_per_step``
+examples per step: ``examples_per_step // k`` users at the user level (every
 synthetic user has at least 19 examples, so a sampled user gives ``k``).
 
 * User level: every next-movie example of every training user; ε is per
@@ -164,7 +166,7 @@ def run(s: Settings, output: Optional[str] = None, progress: TextIO = sys.stderr
 
 
 def plot(lines: Sequence[dict], path: str) -> None:
-    """Recall@10 against the target ε by unit and k (left), and the ε per user each run gives (right, log)."""
+    """Recall@10 against the target ε by unit and k with chance level (left), and the ε per user each run gives (right, log)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,6 +183,7 @@ def plot(lines: Sequence[dict], path: str) -> None:
         left.plot(eps, [ln["recall@10"] for ln in group], marker="o", label=name)
         right.plot(eps, [ln["epsilon_per_user"] for ln in group], marker="o", label=name)
     first = lines[0]
+    left.axhline(10 / first["num_movies"], color="grey", linestyle=":", label="chance (10 / movies)")
     left.set(xlabel="target epsilon (of the run's unit)", ylabel="Recall@10 (held-out users)",
              title=f"dual encoder, {first['num_users']} synthetic users, {first['steps']} steps")
     right.set(xlabel="target epsilon (of the run's unit)", ylabel="epsilon per user", yscale="log",

@@ -94,7 +94,7 @@ class Settings:
     seed: int = 0
 
     def smoke(self) -> "Settings":
-        return dataclasses.replace(self, batch_size=16, steps=3, rounds=2, num_users=50, num_examples=400, hidden=(8,))
+        return dataclasses.replace(self, batch_size=16, steps=3, rounds=1, num_users=50, num_examples=400, hidden=(8,))
 
     def validate(self) -> "Settings":
         if self.rounds < 1 or self.steps < 2 or self.k < 1 or self.batch_size < self.k:
@@ -146,6 +146,7 @@ def run(s: Settings, output: Optional[str] = None, progress: TextIO = sys.stderr
     """Times every configuration in ``rounds`` interleaved rounds; returns the run then summary lines."""
     s.validate()
     runs = []
+    sink = open(output, "w") if output else None  # run lines as they come (a cut-short run keeps them)
     for round_ in range(s.rounds):
         for config in configs(s.algorithms):
             before = os.getloadavg()
@@ -163,11 +164,14 @@ def run(s: Settings, output: Optional[str] = None, progress: TextIO = sys.stderr
                 "load_avg_5m": round(after[1], 2), "cpus": os.cpu_count()})
             print(f"round {round_} {config.name}: {metrics['step_ms']} ms/step, load {before[0]:.1f}",
                   file=progress, flush=True)
-    lines = runs + summarize(runs)
-    if output:
-        with open(output, "w") as sink:
-            sink.writelines(json.dumps(line) + "\n" for line in lines)
-    return lines
+            if sink is not None:
+                sink.write(json.dumps(runs[-1]) + "\n")
+                sink.flush()
+    summaries = summarize(runs)
+    if sink is not None:
+        sink.writelines(json.dumps(line) + "\n" for line in summaries)
+        sink.close()
+    return runs + summaries
 
 
 def parse(argv: Optional[Sequence[str]] = None) -> tuple[Settings, Optional[str]]:

@@ -3,7 +3,7 @@
 The smoke runs check the JSON fields and their consistency (never the
 figures): experiments.user_level_dual_encoder (Recall@10 by unit, with the
 group-privacy ε of the example-level run) and experiments.user_level_step_time
-(interleaved rounds, same-round ratios, the machine's load).
+(interleaved rounds, same-round ratios, the machine's load; marked slow).
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def step_time_smoke(tmp_path_factory):
     return settings, st.run(settings, output), path
 
 
+@pytest.mark.slow  # six short trainer runs, minutes on a shared 2-core machine: `make test-slow`
 def test_step_time_smoke_lines(step_time_smoke):
     settings, lines, path = step_time_smoke
     assert [json.loads(x) for x in path.read_text().splitlines()] == lines

@@ -7,9 +7,10 @@ step (``batch_size // k`` users at the user level). One JSON line per run
 (the trainer's metrics line plus ``target_epsilon``, ``k`` and the
 group-privacy fields) goes to ``--output``.
 
-Group privacy (Dwork & Roth 2014, Thm. 2.2): an (ε, δ)-DP run is
+Group privacy (:mod:`experiments.group_privacy`): an (ε, δ)-DP run is
 ``(g ε, g e^{(g-1) ε} δ)``-DP for groups of ``g`` examples; at the user level
-``g`` is the largest number of examples one user holds.
+``g`` is the largest number of examples one user holds. Each line names
+``num_users`` and ``num_examples``; ``--append`` adds to an existing file.
 
 Example::
 
@@ -24,11 +25,10 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import json
-import math
 
-import numpy as np
 from absl import app, flags
 
+from experiments.group_privacy import group_privacy, largest_user
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers import loop as loop_lib
@@ -43,18 +43,7 @@ flags.DEFINE_integer("num_users", 10_000, "synthetic users")
 flags.DEFINE_integer("num_examples", 100_000, "synthetic training examples")
 flags.DEFINE_integer("batch_size", 1024, "expected examples per step")
 flags.DEFINE_integer("steps", 200, "steps per run")
-
-
-def group_privacy(epsilon: float, delta: float, group: int) -> dict:
-    """``(g ε, g e^{(g-1) ε} δ)`` of an (ε, δ) example-level run for a group of ``g`` examples.
-
-    Example: ``group_privacy(1.0, 1e-6, 3)`` is ``{"group_size": 3, "group_epsilon": 3.0,
-    "group_delta": 2.2e-05}`` (``3 e^2 1e-6``).
-    """
-    exponent = (group - 1) * epsilon
-    group_delta = group * math.exp(exponent) * delta if exponent < 700 else math.inf
-    return {"group_size": group, "group_epsilon": group * epsilon,
-            "group_delta": group_delta if group_delta < 1 else "vacuous (>= 1)"}
+flags.DEFINE_boolean("append", False, "append to --output instead of replacing it")
 
 
 def run(target: float, unit: PrivacyUnitConfig, batch_size: int) -> dict:
@@ -71,17 +60,18 @@ def main(argv) -> None:
     del argv
     train = pctr_data.load_data(pctr_data.DataConfig(num_examples=FLAGS.num_examples, num_eval_examples=10,
                                                      vocab_scale=0.01, num_users=FLAGS.num_users)).train
-    largest = int(np.bincount(train["user"]).max())
+    largest = largest_user(train["user"])
+    scale = {"num_users": FLAGS.num_users, "num_examples": FLAGS.num_examples}
     os.makedirs(os.path.dirname(FLAGS.output) or ".", exist_ok=True)
-    with open(FLAGS.output, "w") as out:
+    with open(FLAGS.output, "a" if FLAGS.append else "w") as out:
         for target in (float(e) for e in FLAGS.epsilons):
             line = run(target, PrivacyUnitConfig(), FLAGS.batch_size)
-            line.update(target_epsilon=target, **group_privacy(line["epsilon"], line["delta"], largest))
+            line.update(target_epsilon=target, **scale, **group_privacy(line["epsilon"], line["delta"], largest))
             out.write(json.dumps(line) + "\n")
             out.flush()
             for k in (int(k) for k in FLAGS.ks):
                 line = run(target, PrivacyUnitConfig.user(k), max(1, FLAGS.batch_size // k))
-                line.update(target_epsilon=target)
+                line.update(target_epsilon=target, **scale)
                 out.write(json.dumps(line) + "\n")
                 out.flush()
 

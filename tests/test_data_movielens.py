@@ -302,3 +302,15 @@ def test_synthetic_context_predicts_label():
     pop_precision = np.mean(np.isin(ex["label"], np.argsort(-popularity)[:10])) / 10
     assert cooc_precision > 2 * pop_precision
     assert cooc_precision > 0.012 and pop_precision < 0.01
+
+
+def test_sample_examples_with_users_names_each_examples_user_and_samples_the_same_examples():
+    tl = {10: np.arange(1, 4), 20: np.array([7]), 30: np.arange(100, 130)}  # user 20 has no label position
+    plain = ml.sample_examples(tl, [10, 20, 30], 500, context_length=3, seed=4)
+    named = ml.sample_examples(tl, [10, 20, 30], 500, context_length=3, seed=4, with_users=True)
+    assert sorted(named) == ["context", "label", "user"] and "user" not in plain
+    np.testing.assert_array_equal(named["label"], plain["label"])
+    np.testing.assert_array_equal(named["context"], plain["context"])
+    # Each example's user owns its label: timeline 10 holds 1..3, timeline 30 holds 100..129.
+    assert set(named["user"].tolist()) == {10, 30}
+    np.testing.assert_array_equal(named["user"] == 30, named["label"] >= 100)

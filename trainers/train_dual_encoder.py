@@ -200,9 +200,12 @@ def load_data(config: DataConfig, unit: PrivacyUnitConfig = PrivacyUnitConfig())
     """``(train_arrays, eval_arrays, num_rows, info)``; arrays are ``{"context": [N, L], "label": [N]}``.
 
     Contexts are padded with -1 (the padding of DPEmbedding); ids are dense
-    movie ids ``1..num_rows-1``. At the user level the training arrays are
-    every next-movie example of every training user with its ``"user"``
-    (``userId``), for the user-level sampler (:func:`user_training_examples`).
+    movie ids ``1..num_rows-1``. The training arrays also hold each
+    example's ``"user"`` (``userId``; not a feature). At the user level they
+    are every next-movie example of every training user, for the user-level
+    sampler (:func:`user_training_examples`); at the example level a sample
+    of ``num_examples`` (the user column says how many of one user's
+    examples it holds: the group of group privacy).
     """
     for name in ("num_examples", "num_eval_examples", "context_length"):
         value = getattr(config, name)
@@ -237,7 +240,7 @@ def load_data(config: DataConfig, unit: PrivacyUnitConfig = PrivacyUnitConfig())
         train = user_training_examples(timelines, train_users, config.context_length)
     else:
         train = movielens.sample_examples(timelines, train_users, config.num_examples, config.context_length,
-                                          seed=config.seed, pad_value=-1)
+                                          seed=config.seed, pad_value=-1, with_users=True)
     evaluation = movielens.sample_examples(timelines, test_users, config.num_eval_examples, config.context_length,
                                            seed=config.seed + 1, pad_value=-1)
     info.update(train_users=int(train_users.size), test_users=int(test_users.size))

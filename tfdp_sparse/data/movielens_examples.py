@@ -81,7 +81,7 @@ class _TimelineIndex:
         users = np.asarray(users, dtype=np.int64).ravel()
         if users.size == 0:
             raise ValueError("users must name at least one user, got none")
-        parts, lengths = [], []
+        parts, lengths, kept = [], [], []
         for u in users.tolist():
             if u not in timelines:
                 raise ValueError(f"user {u} has no timeline")
@@ -89,6 +89,7 @@ class _TimelineIndex:
             if t.size >= 2:  # a label at p >= 1 needs one earlier movie
                 parts.append(t)
                 lengths.append(t.size)
+                kept.append(u)
         if not parts:
             raise ValueError(
                 "no user in users has a timeline of at least 2 movies, so no example exists"
@@ -97,12 +98,14 @@ class _TimelineIndex:
         if self.flat.size and (self.flat.max() >= 2**31 or self.flat.min() < 0):
             raise ValueError("movie ids must lie in [0, 2**31): encode raw ids with a vocabulary")
         self.lengths = np.array(lengths, dtype=np.int64)
+        self.users = np.array(kept, dtype=np.int64)
         self.offsets = np.r_[0, np.cumsum(self.lengths)[:-1]]
         self.sampling = sampling
         if sampling == "event":
             self.cum_positions = np.cumsum(self.lengths - 1)
 
-    def sample(self, rng: np.random.Generator, n: int, context_length: int, pad_value: int):
+    def sample(self, rng: np.random.Generator, n: int, context_length: int, pad_value: int,
+               with_users: bool = False):
         if self.sampling == "user":
             u = rng.integers(0, self.lengths.size, size=n)
             p = 1 + np.floor(rng.random(n) * (self.lengths[u] - 1)).astype(np.int64)
@@ -110,7 +113,10 @@ class _TimelineIndex:
             k = rng.integers(0, self.cum_positions[-1], size=n)
             u = np.searchsorted(self.cum_positions, k, side="right")
             p = 1 + k - np.r_[0, self.cum_positions][u]
-        return next_movie_examples(self.flat, self.offsets[u], p, context_length, pad_value)
+        examples = next_movie_examples(self.flat, self.offsets[u], p, context_length, pad_value)
+        if with_users:
+            examples["user"] = self.users[u]
+        return examples
 
 
 def next_movie_examples(flat: np.ndarray, starts: np.ndarray, positions: np.ndarray, context_length: int,
@@ -147,6 +153,7 @@ def sample_examples(
     *,
     sampling: str = "user",
     pad_value: int = 0,
+    with_users: bool = False,
 ) -> dict[str, np.ndarray]:
     """Sample next-movie examples: label at position ``p``, the movies before as context.
 
@@ -156,14 +163,17 @@ def sample_examples(
     positions.  The context is ``timeline[max(0, p - L):p]`` (most recent
     last), left-padded with ``pad_value``.
 
-    Returns ``{"context": int32 [N, L], "label": int32 [N]}``.
+    Returns ``{"context": int32 [N, L], "label": int32 [N]}``, with
+    ``with_users`` also ``"user": int64 [N]``, each example's user (the same
+    examples either way: e.g. to count how many examples of one user the
+    sample holds, the group of group privacy).
 
     Example: the timeline ``[5, 6, 7]`` with ``L = 4`` yields either
     ``([0, 0, 0, 5], 6)`` or ``([0, 0, 5, 6], 7)``.
     """
     _check_sampling_args(num_examples, "num_examples", context_length)
     index = _TimelineIndex(timelines, users, sampling)
-    return index.sample(np.random.default_rng(seed), num_examples, context_length, pad_value)
+    return index.sample(np.random.default_rng(seed), num_examples, context_length, pad_value, with_users)
 
 
 def example_dataset(

@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Callable, Optional
 
 from absl import app, flags
 
@@ -25,6 +25,8 @@ from tfdp_sparse.clipping.user_norms import UserClipMethod
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.privacy_unit import PrivacyUnit, PrivacyUnitConfig
 from trainers import summary
+from trainers.lib import cluster as cluster_lib
+from trainers.lib import stack as stack_lib
 
 #: Help of every ``--delta`` flag: the default is :func:`tfdp_sparse.accounting.default_delta` of N.
 DELTA_HELP = "delta in (0, 1) (default min(1/(10N), N^-1.1), N = training examples)"
@@ -123,9 +125,7 @@ def define_optimizer_flags(flag_values: flags.FlagValues, learning_rate: float) 
 
 def define_keras_stack_flag(flag_values: flags.FlagValues) -> None:
     """Defines ``--keras_stack`` (:mod:`trainers.lib.stack`: the environment decides; a disagreeing flag re-runs)."""
-    from trainers.lib.stack import ENV_VALUE, FLAG_HELP  # local: the stack module reads tfdp_sparse.keras_stack
-
-    flags.DEFINE_enum("keras_stack", None, sorted(ENV_VALUE), FLAG_HELP, flag_values=flag_values)
+    flags.DEFINE_enum("keras_stack", None, sorted(stack_lib.ENV_VALUE), stack_lib.FLAG_HELP, flag_values=flag_values)
 
 
 def define_tensorboard_flag(flag_values: flags.FlagValues) -> None:
@@ -182,3 +182,22 @@ def run_app(job: Callable[[], object], argv) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def reexec_if_needed(stack: str, cluster: str, module: str) -> Optional[int]:
+    """The exit code of a child run of ``module`` when this process cannot run the trainer itself, else ``None``.
+
+    A child runs when ``--keras_stack`` asks for the other Keras (:mod:`trainers.lib.stack`), or when a
+    local cluster needs a loopback-only network namespace (:mod:`trainers.lib.cluster`). A stack that
+    cannot be had prints ``error:`` and gives 2. Call it first in ``main``, before anything trains.
+
+    Example: ``code = reexec_if_needed(FLAGS.keras_stack, FLAGS.cluster, "trainers.train_pctr")``.
+    """
+    try:
+        code = stack_lib.reexec_for_stack(stack, module)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if code is not None:
+        return code
+    return cluster_lib.reexec_in_namespace(cluster, module)  # local_ps: loopback-only

@@ -91,7 +91,6 @@ from trainers import common_flags
 from trainers import summary
 from trainers import tensorboard
 from trainers.lib import cluster as cluster_lib
-from trainers.lib import stack as stack_lib
 
 FLAGS = flags.FLAGS
 
@@ -429,14 +428,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
 
 
 def main(argv):
-    try:
-        code = stack_lib.reexec_for_stack(FLAGS.keras_stack, "trainers.train_dual_encoder")  # before anything trains
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if code is not None:
-        return code
-    code = cluster_lib.reexec_in_namespace(FLAGS.cluster, "trainers.train_dual_encoder")  # local_ps: loopback-only
+    code = common_flags.reexec_if_needed(FLAGS.keras_stack, FLAGS.cluster, "trainers.train_dual_encoder")
     if code is not None:
         return code
     return common_flags.run_app(lambda: train_and_evaluate(run_from_flags()), argv)

@@ -16,6 +16,7 @@ Example::
     initial = layer_weights(ctr_model())
     after = train("dpsgd", initial, sigma=1.0)       # {layer name: [arrays]}
     after = train("eana", layer_weights(dp_embedding_model()), 1.0, model="dp_embedding")
+    after = train("lazydp", layer_weights(dp_embedding_model()), 1.0, model="dp_embedding")  # DPEmbedding only
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
+from tfdp_sparse.keras.lazy import LazyDPCallback
 from tfdp_sparse.layers import DPEmbedding
 
 N, B, VOCAB, DIM, WIDTH, STEPS, SEED = 96, 16, 40, 4, 6, 3, 7
@@ -37,9 +39,18 @@ ALGORITHMS = {
     "adafest": (("tau", 1.0), ("sigma1", 2.0)),
     "dpfest": (("k", 8), ("kept_ids", (tuple(range(0, VOCAB, 5)),))),
     "eana+adam": (),  # EANA with Adam post-processing the dense variables' noised gradients (dense_optimizer)
+    "lazydp": (),  # deferred noise: catch-up reads of DPEmbedding tables, flushed at the end of fit
+    "lazydp+flush": (),  # LazyDP flushed after every 2nd step too (LazyDPCallback), then reads after the flush
 }
+#: Algorithms that need DPEmbedding tables (LazyDP refuses the ``ctr`` model's keras Embedding by name).
+NEEDS_DP_EMBEDDING = ("lazydp", "lazydp+flush")
 #: Tables per model (DP-FEST keeps the same ids of each).
 TABLES = {"ctr": 1, "dp_embedding": 2}
+
+
+def algorithms(model: str) -> list[str]:
+    """The algorithms ``model`` trains with: all for ``dp_embedding``, all but LazyDP's for ``ctr``."""
+    return [a for a in ALGORITHMS if model == "dp_embedding" or a not in NEEDS_DP_EMBEDDING]
 
 
 def knobs(algorithm: str, model: str) -> tuple:
@@ -102,15 +113,18 @@ def train(algorithm: str, initial: dict, sigma: float, steps: int = STEPS, model
     model = MODELS[name_of_model]()
     for name, weights in initial.items():
         model.get_layer(name).set_weights(weights)
-    mechanism, _, dense = algorithm.partition("+")
+    mechanism, _, variant = algorithm.partition("+")
     privacy = PrivacyConfig(algorithm=mechanism, noise_multiplier=sigma, l2_norm_clip=0.5,
                             extra=knobs(algorithm, name_of_model))
-    dense_optimizer = tf.keras.optimizers.Adam(0.05) if dense == "adam" else None
+    dense_optimizer = tf.keras.optimizers.Adam(0.05) if variant == "adam" else None
+    callbacks = [LazyDPCallback(flush_every_n_batches=2)] if variant == "flush" else []
     private = make_private(model, privacy, num_examples=N, batch_size=B, steps=steps, learning_rate=0.5,
                            loss=tf.keras.losses.BinaryCrossentropy(from_logits=True), noise_seed=SEED,
                            dense_optimizer=dense_optimizer)
     private.compile()
-    private.fit(*model_data(name_of_model), verbose=0)
+    private.fit(*model_data(name_of_model), verbose=0, callbacks=callbacks)
+    if private.mechanism.has_pending():
+        raise AssertionError(f"{algorithm}: rows still owe noise after fit")
     return layer_weights(model)
 
 

@@ -3,7 +3,7 @@
 Lookups against a NumPy reference, sparse gradients and sparse private
 updates (rows no example looks up stay bitwise unchanged under EANA and
 DP-AdaFEST), ``get_config`` and ``.keras`` / ``save_weights`` round trips,
-clear errors on bad input, LazyDP refused by name. Equality with the
+clear errors on bad input, LazyDP noising every row by the end of fit. Equality with the
 tf-keras layer under every mechanism is :mod:`tests.keras3.test_same_as_tf_keras`
 (model ``dp_embedding``).
 """
@@ -177,7 +177,15 @@ def test_bad_ids_fail_clearly(layer_kwargs, ids, error, match):
         layer(ids)
 
 
-def test_lazydp_on_a_dp_embedding_model_is_refused_by_name():
-    with pytest.raises(ValueError, match="LazyDP is not supported on Keras 3"):
-        make_private(model(), PrivacyConfig(algorithm="lazydp", noise_multiplier=1.0, l2_norm_clip=1.0),
-                     num_examples=N, batch_size=16, epochs=1, loss=BCE)
+def test_lazydp_trains_a_dp_embedding_model_and_noises_every_row_by_the_end_of_fit():
+    """Unlike EANA, LazyDP is DP-SGD: rows no example looks up owe noise, applied by the flush at the end of fit."""
+    m = model()
+    before = {name: m.get_layer(name).embeddings.numpy().copy() for name in ("single", "multi")}
+    private = make_private(m, PrivacyConfig(algorithm="lazydp", noise_multiplier=1.0, l2_norm_clip=1.0),
+                           num_examples=N, batch_size=16, steps=3, learning_rate=0.5, loss=BCE)
+    private.compile()
+    private.fit(*data(), verbose=0)
+    assert not private.mechanism.has_pending()
+    for name, start in before.items():
+        after = m.get_layer(name).embeddings.numpy()
+        assert np.all(np.any(after[TOUCHED:] != start[TOUCHED:], axis=1)), f"{name}: an unread row got no noise"

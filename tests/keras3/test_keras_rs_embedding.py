@@ -209,10 +209,12 @@ def test_sparsecore_placement_off_tpu_is_refused_by_keras_rs_itself():
 DPFEST = (("k", 8), ("kept_ids", (tuple(range(0, m.V1, 4)), tuple(range(0, m.V2, 3)))))
 
 
-@pytest.mark.parametrize("algorithm,extra", [("lazydp", ()), ("dpfest", DPFEST)])
-def test_lazydp_and_dpfest_are_refused_by_name(algorithm, extra):
-    """``make_private`` refuses them today (LazyDP on Keras 3 as a whole; DP-FEST does not see the tables)."""
-    with pytest.raises(ValueError, match="LazyDP|not seen by bind_model|no embedding table"):
+@pytest.mark.parametrize("algorithm,extra,match", [
+    ("lazydp", (), "LazyDP is not supported on keras-rs DistributedEmbedding tables"),
+    ("dpfest", DPFEST, "DP-FEST is not supported on keras-rs|not seen by bind_model|no embedding table")])
+def test_lazydp_and_dpfest_are_refused_by_name(algorithm, extra, match):
+    """``make_private`` refuses them (LazyDP cannot hook keras-rs tables; DP-FEST does not see them)."""
+    with pytest.raises(ValueError, match=match):
         _train(m.keras_rs_model(), algorithm, extra=extra)
 
 

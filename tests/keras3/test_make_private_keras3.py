@@ -109,8 +109,9 @@ def test_recompiled_with_another_optimizer_is_refused_at_fit():
         private.fit(*data(), verbose=0)
 
 
-def test_lazydp_is_refused_by_name():
-    with pytest.raises(ValueError, match="LazyDP is not supported on Keras 3"):
+def test_lazydp_refuses_a_plain_keras_embedding_table_by_name():
+    """LazyDP cannot catch up the rows of a keras.layers.Embedding before they are read (DPEmbedding can)."""
+    with pytest.raises(ValueError, match="'table' is a Keras Embedding layer .*LazyDP cannot catch up its rows"):
         make_private(ctr_model(), dp(algorithm="lazydp"), num_examples=N, batch_size=B, epochs=1, loss=BCE)
 
 

@@ -73,7 +73,7 @@ def mechanisms_of(target) -> list:
             return
         if isinstance(obj, Mechanism):
             add(obj)
-        elif isinstance(obj, tf.Module) and not isinstance(obj, Mechanism):
+        elif isinstance(obj, (tf.Module, tf.keras.layers.Layer)):  # a Keras 3 layer is no tf.Module
             for mech in bound_mechanisms(obj):
                 add(mech)
             add(getattr(getattr(obj, "optimizer", None), "mechanism", None))

@@ -14,8 +14,11 @@ tf-keras.
 post-processes the noised gradients of the non-table variables, as on
 tf-keras; tables keep this optimizer's plain SGD. The rule gets the step and
 the learning rate from :meth:`Keras3DPOptimizer.step_context` (Keras 3's
-public ``iterations`` and ``learning_rate``), as on tf-keras. Not in this
-slice: ``table_optimizer`` and LazyDP, refused by name.
+public ``iterations`` and ``learning_rate``), as on tf-keras. LazyDP runs on
+models whose tables are :class:`tfdp_sparse.layers.DPEmbedding` (its read hooks
+catch rows up on :attr:`DPEmbedding.table`); the constructor calls the
+mechanism's ``check_optimizer`` (plain SGD, momentum 0, a fixed
+``expected_batch_size``). Not in this slice: ``table_optimizer``, refused by name.
 
 Example::
 
@@ -45,24 +48,16 @@ from tfdp_sparse.keras_stack import as_tf_variable
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.mechanisms.plans.base import Plan
-from tfdp_sparse.mechanisms.plans.lazydp import LazyDPPlan
-
-#: Why LazyDP is refused on Keras 3 in this slice.
-LAZYDP_KERAS_3 = (
-    "LazyDP is not supported on Keras 3 yet: its catch-up read hooks live on tfdp_sparse.layers.DPEmbedding, a "
-    "tf-keras layer (this optimizer already gives it the step context it needs: step_context()). Use "
-    "DP-SGD, EANA, DP-FEST or DP-AdaFEST on Keras 3, or LazyDP on tf-keras (TF_USE_LEGACY_KERAS=1)"
-)
-
 
 def refuse_unsupported_on_keras_3(plan: Plan, **options) -> None:
-    """Raises ``ValueError`` for what the Keras 3 adapter does not cover yet (LazyDP, post-processing optimizers).
+    """Raises ``ValueError`` for what the Keras 3 adapter does not cover yet (post-processing table optimizers).
 
-    By plan, before the rule is built (LazyDP's rule imports ``tfdp_sparse.layers``, tf-keras only).
-    Example: ``refuse_unsupported_on_keras_3(plan(PrivacyConfig(algorithm="lazydp", ...)))`` raises, naming LazyDP.
+    By option name, before the rule is built. Every mechanism runs on Keras 3 (``plan`` is checked by its
+    rule: LazyDP's ``bind_model`` refuses tables it cannot hook, a plain ``keras.layers.Embedding``, by name;
+    keras-rs tables are refused by :mod:`tfdp_sparse.keras.keras_rs_support`).
+    Example: ``refuse_unsupported_on_keras_3(plan, table_optimizer=TableAdagrad(0.1))`` raises, naming it.
     """
-    if isinstance(plan, LazyDPPlan):
-        raise ValueError(LAZYDP_KERAS_3)
+    del plan  # every plan's rule runs on Keras 3
     for name, value in options.items():
         if value is not None:
             raise ValueError(f"{name}= is not supported on Keras 3 yet (tf-keras only: TF_USE_LEGACY_KERAS=1); "
@@ -98,6 +93,7 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
         self._taps = ModelTaps()
         self._privatized_depth = 0
+        mechanism.check_optimizer(self)  # LazyDP: plain SGD, no momentum, a fixed B (read by its hooks)
 
     def attach(self, model: tf.keras.Model, registry: Optional[LayerRegistry] = None) -> TapRecorder:
         """Gives ``model``'s layers their clipping rules and builds this optimizer's state for its variables."""

@@ -24,6 +24,13 @@ class Keras3PrivateModel(PrivateModel):
 
     metrics = tf.keras.Model.metrics  # Keras 3 lists the loss tracker and the compiled metrics itself
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # make_private wraps a built model and the wrapper has no weights of its own; Keras 3 marks a subclassed
+        # model built only when it is called, which fit never does (train_step calls the wrapped model), and
+        # refuses save_weights on an unbuilt model.
+        self.built = True
+
     def _metric_results(self, y, predictions, per_example) -> dict:
         """Updates the loss tracker and the compiled metrics; returns :meth:`get_metrics_result`."""
         self._loss_tracker.update_state(per_example)

@@ -35,7 +35,8 @@ Both Keras stacks (one definition): the layer subclasses the process's
 the ``tf.Variable`` behind it (:func:`tfdp_sparse.keras_stack.as_tf_variable`),
 so gathers stay ``ResourceGather`` and the table's gradient stays
 ``tf.IndexedSlices`` on either stack. Saving: ``model.save("m.keras")`` and
-``save_weights`` on Keras 3, with ``custom_objects={"DPEmbedding": DPEmbedding}``
+``save_weights`` on Keras 3 (each flushes the table first: :meth:`DPEmbedding.save_own_variables`),
+with ``custom_objects={"DPEmbedding": DPEmbedding}``
 when loading (nothing is registered globally at import).
 
 Example::
@@ -216,6 +217,18 @@ class DPEmbedding(tf.keras.layers.Layer):
     def get_weights(self):
         """``[table]`` as NumPy, read through :meth:`read_table` (pending noise applied first)."""
         return [self.read_table(training=False).numpy()] if self.built else []
+
+    def save_own_variables(self, store) -> None:
+        """Keras' weight saving (``model.save("m.keras")``, ``save_weights``): pending noise is applied first.
+
+        Keras 3 (and tf-keras' ``.keras`` format) write each layer's variables
+        through this method, reading them raw; the table is read through
+        :meth:`read_table` (inference hooks: LazyDP flushes it) before it is stored.
+        Example: ``model.save("m.keras")`` stores no row that still owes noise.
+        """
+        if self.built:
+            self.read_table(training=False)
+        super().save_own_variables(store)
 
     def _ids_2d(self, inputs) -> tf.Tensor:
         if isinstance(inputs, tf.RaggedTensor):

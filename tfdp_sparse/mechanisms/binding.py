@@ -17,11 +17,19 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfdp_sparse.keras_stack import sublayers
+
 
 def layers_of(model) -> list:
-    """``model`` and every ``tf.Module`` below it (empty for anything else)."""
+    """``model`` and every ``tf.Module`` (tf-keras) or Keras layer (Keras 3) below it; empty for anything else.
+
+    A Keras 3 layer is no ``tf.Module``: its layers come from
+    :func:`tfdp_sparse.keras_stack.sublayers` (the ``layers`` of models, recursively).
+    """
     if isinstance(model, tf.Module):
         return [model] + [m for m in model.submodules if isinstance(m, tf.Module)]
+    if isinstance(model, tf.keras.layers.Layer):
+        return [model] + sublayers(model)
     return []
 
 

@@ -86,6 +86,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded
+from tfdp_sparse.keras_stack import as_tf_variable
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, Noise, NoisedGradients, StepGrads, sum_duplicates
 from tfdp_sparse.mechanisms.binding import bound_mechanisms  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
@@ -266,7 +267,7 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
 
     def history_table(self, table_or_layer) -> tf.Variable:
         """The int32 history variable of a bound table (or of a DPEmbedding layer)."""
-        table = getattr(table_or_layer, "embeddings", table_or_layer)
+        table = as_tf_variable(getattr(table_or_layer, "embeddings", table_or_layer))  # Keras 3: its tf.Variable
         i = self._tables.index.get(variable_key(table))
         if i is None:
             raise ValueError(f"{getattr(table, 'name', table)!r} is not a table bound to this LazyDP mechanism")

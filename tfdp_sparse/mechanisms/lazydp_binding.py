@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfdp_sparse.keras_stack import as_tf_variable
 from tfdp_sparse.mechanisms import binding
 from tfdp_sparse.mechanisms.tables import is_trainable, variable_device, variable_key
 from tfdp_sparse.optimizers.rules import TableSGD
@@ -84,6 +85,7 @@ class LazyBinding:
         than ``TableSGD`` at the optimizer's own constant rate) and a fixed
         ``expected_batch_size``.
         """
+        # Keras 3's tf.keras.optimizers.legacy.SGD is a class that refuses to be built: harmless here.
         if not isinstance(optimizer, (tf.keras.optimizers.SGD, tf.keras.optimizers.legacy.SGD)):
             raise TypeError(
                 f"LazyDP needs plain SGD (tfdp_sparse.keras.DPOptimizer), got optimizer "
@@ -158,7 +160,7 @@ class LazyBinding:
                 f"bind_model: DPEmbedding {layer.name!r} is not built; build the model first (construct it "
                 "from tf.keras.Input or call it on a batch) so its table exists"
             )
-        table = layer.embeddings
+        table = layer.table  # the tf.Variable (behind Keras 3's keras.Variable)
         if not is_trainable(table) or not layer.trainable:
             return  # DP-SGD does not noise frozen variables either
         if variable_key(table) in self._tables.index:
@@ -179,10 +181,11 @@ class LazyBinding:
     def _bind_keras_embedding(self, layer) -> None:
         if not self.dense_fallback:
             raise ValueError(
-                f"layer {layer.name!r} is a tf.keras.layers.Embedding: LazyDP cannot catch up its rows before "
+                f"layer {layer.name!r} is a Keras Embedding layer (tf.keras.layers.Embedding, keras.layers.Embedding "
+                "on Keras 3): LazyDP cannot catch up its rows before "
                 "they are read, so their deferred noise would be missing. Use "
                 "tfdp_sparse.layers.DPEmbedding, or set the LazyDP knob dense_fallback=True to give this "
                 "table dense DP-SGD noise at every step (exact, but it rewrites the whole table)"
             )
         if layer.built:
-            self._tables.dense_fallback[layer.embeddings.ref()] = layer.name
+            self._tables.dense_fallback[as_tf_variable(layer.embeddings).ref()] = layer.name

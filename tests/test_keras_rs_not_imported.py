@@ -8,13 +8,11 @@ tf-keras process (``sys.modules`` of this one may hold anything).
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.child_process import run_python
+
 
 PROBE = """
 import sys
@@ -27,15 +25,7 @@ print("keras_rs" in sys.modules, any(name.startswith("keras_rs") for name in sys
 
 @pytest.mark.skipif(importlib.util.find_spec("keras_rs") is None, reason="keras-rs not installed")
 def test_tf_keras_path_does_not_import_keras_rs():
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-c", PROBE], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # this process's own child, by its PID
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, err[-3000:]
+    done = run_python(["-c", PROBE], legacy_keras=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
     assert out.split()[-2:] == ["False", "False"], out

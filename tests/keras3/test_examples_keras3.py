@@ -13,9 +13,10 @@ import glob
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+
+from tests.child_process import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.py")))
@@ -25,16 +26,7 @@ REFUSES = {"tfrs_retrieval.py": ("TensorFlow Recommenders", "refuses to import u
 
 
 def _run(path: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "0", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
-    proc = subprocess.Popen([sys.executable, path, "--smoke"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # this process's own child, by its PID
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_python([path, "--smoke"], legacy_keras=False, log_level="3")
 
 
 def test_every_example_is_listed():

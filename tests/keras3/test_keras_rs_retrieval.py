@@ -9,33 +9,22 @@ the tie rule (lower id first) and the excluded padding row are exercised.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests.child_process import run_python
+
 from tfdp_sparse.keras.keras_rs_retrieval import recall_at_k
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KS = (1, 3, 10)
 
 
 def _reference(tmp_path, scores: np.ndarray, labels: np.ndarray) -> dict:
     source, target = str(tmp_path / "scores.npz"), str(tmp_path / "recall.json")
     np.savez(source, scores=scores, labels=labels, ks=np.array(KS))
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "tests.keras3.run_recall", source, target], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # this process's own child, by its PID
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, err[-3000:]
+    done = run_python(["-m", "tests.keras3.run_recall", source, target], legacy_keras=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     with open(target) as f:
         return json.load(f)
 

@@ -9,33 +9,23 @@ code on Keras 3.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests.child_process import run_python
+
 from tests.keras3 import run_steps
 
 SIGMA = 1.0
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _tf_keras_reference(initial: dict, out_dir: str, algorithms, model: str) -> dict:
     source = os.path.join(out_dir, "initial.npz")
     run_steps.save(source, initial)
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "tests.keras3.run_steps", source, out_dir, str(SIGMA), model,
-                             *algorithms],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # this process's own child, by its PID
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, err[-3000:]
+    done = run_python(["-m", "tests.keras3.run_steps", source, out_dir, str(SIGMA), model, *algorithms],
+                      legacy_keras=True)
+    assert done.returncode == 0, done.stderr[-3000:]
     return {a: run_steps.load(os.path.join(out_dir, f"{a}.npz")) for a in algorithms}
 
 

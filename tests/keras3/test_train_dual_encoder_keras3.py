@@ -10,33 +10,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.child_process import run_python
 from absl import flags
 
 from trainers import train_dual_encoder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--steps=3", "--num_users=300", "--num_movies=150", "--num_examples=800", "--num_eval_examples=200",
         "--batch_size=32", "--dim=8", "--log_every=3", "--noise_multiplier=1.0"]
 
 
 def test_tiny_dpsgd_run_on_keras_3():
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="0", TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "trainers.train_dual_encoder", "--algorithm=dpsgd", *TINY],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # this process's own child, by its PID
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, err[-3000:]
-    line = json.loads(out.strip().splitlines()[-1])
+    done = run_python(["-m", "trainers.train_dual_encoder", "--algorithm=dpsgd", *TINY], legacy_keras=False,
+                      log_level="3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
     assert line["keras_stack"] == "keras3" and line["algorithm"] == "dpsgd" and line["steps"] == 3
     assert math.isfinite(line["epsilon"]) and line["epsilon"] > 0
     assert all(0.0 <= line[f"recall@{k}"] <= 1.0 for k in (1, 5, 10, 20))

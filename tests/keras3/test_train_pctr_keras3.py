@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from tests.child_process import run_python
 import tensorflow as tf
 from absl import flags
 
@@ -25,23 +25,12 @@ from models import pctr
 from tfdp_sparse.layers import DPEmbedding
 from trainers import train_pctr
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--num_examples=512", "--num_eval_examples=256", "--vocab_scale=0.01", "--hidden=16", "--batch_size=64",
         "--steps=4", "--log_every=2", "--learning_rate=1.0", "--noise_multiplier=1.0"]
 
 
 def _trainer(args: list, legacy: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TF_USE_LEGACY_KERAS=legacy, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", "trainers.train_pctr", *TINY, *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()  # this process's own child, by its PID
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_python(["-m", "trainers.train_pctr", *TINY, *args], legacy_keras=legacy == "1", log_level="3")
 
 
 def _json_line(proc: subprocess.CompletedProcess) -> dict:

@@ -330,6 +330,8 @@ def run_experiment(experiment: Experiment) -> dict:
         trainer.check_compatible(_privacy(experiment, algorithm, 1.0), experiment.model)
     os.makedirs(experiment.output_dir, exist_ok=True)
     train, evaluation, num_rows, info = trainer.load_data(experiment.data)
+    # Example level: the user column (kept for group-privacy counts) is no feature, and canaries have no user.
+    train = {key: train[key] for key in ("context", "label")}
     planted = ss.plant_sequence_canaries(train, num_rows - 1, experiment.canaries)
     log.info("planted %d canaries (%d insertions) into %d examples; %d references",
              len(planted.manifest.repetitions), experiment.canaries.total_insertions, len(train["label"]),

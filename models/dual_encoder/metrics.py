@@ -17,6 +17,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfdp_sparse.analysis.retrieval_metrics import metrics_from_hits
 from models.dual_encoder.config import DEFAULT_KS
 from models.dual_encoder.model import DualEncoder
 
@@ -38,7 +39,7 @@ def precision_recall_at_k(scores: np.ndarray, labels: np.ndarray, ks: Sequence[i
     """
     hits = _hits_at_k(np.asarray(scores, np.float64), np.asarray(labels), ks, exclude)
     n = len(np.asarray(labels))
-    return _metrics_from_hits(hits, n, ks)
+    return metrics_from_hits(hits, n, ks)
 
 
 def _validate_ks(ks: Sequence[int], num_columns: int) -> tuple:
@@ -67,15 +68,6 @@ def _hits_at_k(scores: np.ndarray, labels: np.ndarray, ks, exclude) -> dict:
     return {k: int(np.sum(rank < k)) for k in ks}
 
 
-def _metrics_from_hits(hits: dict, n: int, ks) -> dict:
-    out = {}
-    for k in ks:
-        recall = hits[k] / n if n else 0.0
-        out[f"precision@{k}"] = recall / k
-        out[f"recall@{k}"] = recall
-    return out
-
-
 def evaluate_retrieval(model: DualEncoder, arrays: Mapping[str, np.ndarray], ks: Sequence[int] = DEFAULT_KS,
                        batch_size: int = 1024) -> dict:
     """Precision/recall@k over the full catalogue on held-out ``arrays`` (batched)."""
@@ -91,7 +83,7 @@ def evaluate_retrieval(model: DualEncoder, arrays: Mapping[str, np.ndarray], ks:
         scores = scores_fn(tf.constant(context, tf.int64)).numpy()
         for k, h in _hits_at_k(scores, labels, ks, (0,)).items():
             totals[k] += h
-    return _metrics_from_hits(totals, n, ks)
+    return metrics_from_hits(totals, n, ks)
 
 
 def softmax_loss_fn(model: DualEncoder):

@@ -27,6 +27,8 @@ import keras_rs
 import numpy as np
 import tensorflow as tf
 
+from tfdp_sparse.analysis.retrieval_metrics import metrics_from_hits
+
 
 def _checked(queries: np.ndarray, candidates: np.ndarray, labels: np.ndarray, ks: Sequence[int],
              exclude: Sequence[int]) -> tuple:
@@ -66,10 +68,4 @@ def recall_at_k(queries: np.ndarray, candidates: np.ndarray, labels: np.ndarray,
         found = top == labels[start : start + batch_size, None]
         for k in ks:
             hits[k] += int(found[:, :k].any(axis=1).sum())
-    n = len(labels)
-    out = {}
-    for k in ks:
-        recall = hits[k] / n if n else 0.0
-        out[f"precision@{k}"] = recall / k
-        out[f"recall@{k}"] = recall
-    return out
+    return metrics_from_hits(hits, len(labels), ks)

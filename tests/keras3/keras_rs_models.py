@@ -82,6 +82,31 @@ def reference_model() -> keras.Model:
     return model
 
 
+class _DPReference(keras.Model):
+    """Tables ``t1``, ``t2`` as ``DPEmbedding`` (``mean`` and ``sum`` pooling), looked up in the order a, b, c."""
+
+    def __init__(self):
+        from tfdp_sparse.layers import DPEmbedding
+
+        super().__init__(name="dp_reference")
+        self.t1 = DPEmbedding(V1, D1, combiner="mean", name="t1")
+        self.t2 = DPEmbedding(V2, D2, combiner="sum", name="t2")
+        self.concat = keras.layers.Concatenate()
+        self.hidden = keras.layers.Dense(8, activation="tanh", name="hidden")
+        self.out = keras.layers.Dense(1, name="out")
+
+    def call(self, x, training=None):
+        a, b = self.t1(x["a"], training=training), self.t1(x["b"], training=training)
+        return self.out(self.hidden(self.concat([a, b, self.t2(x["c"], training=training)])))
+
+
+def dp_embedding_reference_model() -> keras.Model:
+    """:func:`reference_model` with ``DPEmbedding`` tables (LazyDP hooks them; it refuses a plain ``Embedding``)."""
+    model = _DPReference()
+    model(data(2)[0])
+    return model
+
+
 def copy_weights(source: keras.Model, target: keras.Model) -> None:
     """``target``'s trainable variables take ``source``'s values, in order (tables first, then the head)."""
     assert [tuple(v.shape) for v in source.trainable_variables] == [tuple(v.shape) for v in target.trainable_variables]

@@ -32,8 +32,20 @@ while a private step records:
   outside ``[0, vocabulary_size)`` (a run-time assertion).
 
 Outside a recording tape (inference, ``predict``) the layer's own ``call``
-runs unchanged. On the CPU fallback a ``TableConfig``'s ``optimizer`` is
-unused (keras-rs uses it only on SparseCore).
+runs unchanged, after the read hooks of its tables if it has any.
+
+Mechanisms that must act on rows before they are read (LazyDP adds a row's
+owed noise) reach keras-rs tables through read hooks
+(:func:`tfdp_sparse.layers.read_hooks.hook_tables`, installed by
+:func:`tfdp_sparse.keras.keras_rs_support.hook_keras_rs_tables`): this rule
+runs each table's read hooks with each feature's unique ids right before
+that feature's gather (features sharing a table: one read each, in feature
+order, as a ``DPEmbedding`` called once per feature), and outside a
+recording tape runs every table's inference hooks (LazyDP flushes the
+table) before the layer's own ``call`` reads it.
+
+On the CPU fallback a ``TableConfig``'s ``optimizer`` is unused (keras-rs
+uses it only on SparseCore).
 
 This module imports keras-rs; only :func:`keras_rs_rules` (Keras 3 only,
 called by :func:`tfdp_sparse.clipping.registry.keras_3_registry`) imports
@@ -58,6 +70,7 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping import taps
 from tfdp_sparse.clipping.coverage import UnsupportedLayerError
+from tfdp_sparse.layers.read_hooks import hooked_tables_of
 
 #: keras-rs 0.4.0 names the variable of its SparseCore gradient trap so
 #: (``keras_rs.src.layers.embedding.tensorflow.distributed_embedding.GRADIENT_TRAP_DUMMY_NAME``).
@@ -207,10 +220,16 @@ def distributed_embedding_rule(layer: keras.layers.Layer, recorder: taps.TapReco
                                weights=None, training: bool = False):
     """``DistributedEmbedding``: each feature's gathered rows as an ``EmbeddingTap``, reduced as keras-rs does.
 
-    Outside a recording tape the layer's own ``call`` runs.
+    Tables given read hooks (:func:`tfdp_sparse.layers.read_hooks.hook_tables`, e.g. LazyDP's catch-up) get
+    them run before each feature's gather, with that feature's unique ids (one read per feature, as a
+    ``DPEmbedding`` called once per feature). Outside a recording tape every table's hooks run as for a
+    read of all its rows (LazyDP: a flush outside training), then the layer's own ``call``.
     """
+    hooked = hooked_tables_of(layer)
     if not taps.is_recording():
-        return call(inputs, weights, training=training)
+        ops = hooked.before_read_all(training) if hooked is not None else []
+        with tf.control_dependencies(_ops_only(ops)):
+            return call(inputs, weights, training=training)
     features = check_trainable_privately(layer)
     tables = layer.get_embedding_tables()  # {table name: tf.Variable} on the default device
     _check_structure(layer.name, features, inputs, weights)
@@ -221,11 +240,22 @@ def distributed_embedding_rule(layer: keras.layers.Layer, recorder: taps.TapReco
     for feature, ids, feature_weights in zip(flat_features, flat_inputs, flat_weights):
         ids = _dense_ids(feature, ids, layer.name)
         table = tables[feature.table]
-        rows = tf.gather(table, ids)  # ResourceGather: the table's own gradient is IndexedSlices of these rows
+        ops = [] if hooked is None else hooked.before_read(feature.table, ids, training)
+        with tf.control_dependencies(_ops_only(ops)):  # rows are read after their hooks (LazyDP: caught up)
+            rows = tf.gather(table, ids)  # ResourceGather: the table's own gradient is IndexedSlices of these rows
         batch = tf.shape(ids)[0]
         recorder.record(taps.EmbeddingTap(table, tf.reshape(tf.cast(ids, tf.int64), [batch, -1]), rows, layer.name))
         outputs.append(tf.cast(_combine(rows, feature_weights, feature.combiner), layer.compute_dtype))
     return keras.tree.pack_sequence_as(features, outputs)
+
+
+def _ops_only(results: list) -> list:
+    """The hooks' ops; refuses rows a hook read itself (sharded tables' ``ShardRows``: not on keras-rs tables)."""
+    for result in results:
+        if not isinstance(result, (tf.Operation, tf.Tensor, tf.Variable)):
+            raise UnsupportedLayerError(f"a read hook of a DistributedEmbedding table returned "
+                                        f"{type(result).__name__}; only ops are supported (unsharded tables)")
+    return results
 
 
 def keras_rs_rules() -> dict:

@@ -28,7 +28,10 @@ such as ``DualEncoder.label_table``, catalogue scores, retrieval metrics),
 ``get_weights`` / ``save_weights`` of models built on
 ``tfdp_sparse.layers.FlushedReadsMixin`` (``DualEncoder``, ``PctrModel``),
 ``PctrServing.serve`` and :func:`tfdp_sparse.export.export_saved_model`
-(refuses). The one read that cannot flush is a raw read of the variable
+(refuses); for keras-rs ``DistributedEmbedding`` tables hooked by
+``make_private`` (:mod:`tfdp_sparse.keras.keras_rs_support`), every call of
+the layer outside the private step and its ``save_own_variables``
+(``model.save``, ``save_weights``). The one read that cannot flush is a raw read of the variable
 (``layer.embeddings.numpy()``, ``tf.keras.Model.get_weights`` of a plain
 Keras model): call :func:`flush_all` first.
 

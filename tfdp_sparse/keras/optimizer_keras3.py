@@ -16,7 +16,9 @@ tf-keras; tables keep this optimizer's plain SGD. The rule gets the step and
 the learning rate from :meth:`Keras3DPOptimizer.step_context` (Keras 3's
 public ``iterations`` and ``learning_rate``), as on tf-keras. LazyDP runs on
 models whose tables are :class:`tfdp_sparse.layers.DPEmbedding` (its read hooks
-catch rows up on :attr:`DPEmbedding.table`); the constructor calls the
+catch rows up on :attr:`DPEmbedding.table`) or keras-rs ``DistributedEmbedding``
+default-device tables (read hooks run by the layer's clipping rule,
+:mod:`tfdp_sparse.keras.keras_rs_support`); the constructor calls the
 mechanism's ``check_optimizer`` (plain SGD, momentum 0, a fixed
 ``expected_batch_size``). Not in this slice: ``table_optimizer``, refused by name.
 
@@ -54,7 +56,7 @@ def refuse_unsupported_on_keras_3(plan: Plan, **options) -> None:
 
     By option name, before the rule is built. Every mechanism runs on Keras 3 (``plan`` is checked by its
     rule: LazyDP's ``bind_model`` refuses tables it cannot hook, a plain ``keras.layers.Embedding``, by name;
-    keras-rs tables are refused by :mod:`tfdp_sparse.keras.keras_rs_support`).
+    DP-FEST on keras-rs tables is refused by :mod:`tfdp_sparse.keras.keras_rs_support`).
     Example: ``refuse_unsupported_on_keras_3(plan, table_optimizer=TableAdagrad(0.1))`` raises, naming it.
     """
     del plan  # every plan's rule runs on Keras 3

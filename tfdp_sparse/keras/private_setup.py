@@ -246,10 +246,11 @@ def _keras_3_optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, option
     from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer, refuse_unsupported_on_keras_3
 
     refuse_unsupported_on_keras_3(resolved.plan, table_optimizer=options.table_optimizer)
-    if importlib.util.find_spec("keras_rs") is not None:  # keras-rs tables: LazyDP and DP-FEST refused by name
-        from tfdp_sparse.keras.keras_rs_support import refuse_unsupported_on_keras_rs
+    if importlib.util.find_spec("keras_rs") is not None:  # keras-rs tables: DP-FEST refused, read hooks for LazyDP
+        from tfdp_sparse.keras.keras_rs_support import hook_keras_rs_tables, refuse_unsupported_on_keras_rs
 
         refuse_unsupported_on_keras_rs(resolved.plan, model)
+        hook_keras_rs_tables(model)
     mechanism = mechanism if mechanism is not None else mechanisms_lib.build_rule(resolved.plan, options.noise_seed)
     mechanism.bind_model(model)
     return Keras3DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size,

@@ -23,7 +23,9 @@ op to wait for, or the rows it read itself (:class:`ShardRows`, sharded
 tables). Hooks registered
 with :meth:`DPEmbedding.add_inference_hook` run before reads outside
 training (``training`` falsy: evaluation, ``predict``, serving), e.g. to
-apply all pending noise before a model is evaluated or exported. Dense reads
+apply all pending noise before a model is evaluated or exported (the hooks
+live in a :class:`~tfdp_sparse.layers.read_hooks.ReadHooks`, which also serves
+layers that read their tables themselves, such as keras-rs ``DistributedEmbedding``). Dense reads
 of the whole table go through :meth:`DPEmbedding.read_table` (or
 :meth:`get_weights`, or :func:`flush_model_tables` for every table of a
 model), which run the hooks for every row; a raw read of the variable
@@ -48,16 +50,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import weakref
-from typing import Callable, Optional
+from typing import Optional
 
 import tensorflow as tf
 
 from tfdp_sparse.clipping import taps
 from tfdp_sparse.distribute.shards import is_sharded, locate_rows
 from tfdp_sparse.keras_stack import as_tf_variable, sublayers
-
-ReadHook = Callable[[tf.Variable, tf.Tensor], Optional[tf.Operation]]
+from tfdp_sparse.layers.read_hooks import ReadHook, ReadHooks  # noqa: F401 (ReadHook re-exported)
 
 _COMBINERS = ("sum", "mean")
 
@@ -107,9 +107,7 @@ class DPEmbedding(tf.keras.layers.Layer):
         self.combiner = combiner
         self.embeddings_initializer = tf.keras.initializers.get(embeddings_initializer)
         self.validate_ids = validate_ids
-        self._read_hooks: list[ReadHook] = []
-        self._inference_hooks: list[ReadHook] = []
-        self._hook_owners: list = []  # weak references: the layer never keeps a mechanism alive
+        self._read_hooks = ReadHooks()  # owners held weakly: the layer never keeps a mechanism alive
 
     def build(self, input_shape):
         self.embeddings = self.add_weight(
@@ -134,24 +132,18 @@ class DPEmbedding(tf.keras.layers.Layer):
         ``owner`` (e.g. the LazyDP mechanism whose hook it is) is remembered
         weakly, so guards find it through :meth:`hook_owners`.
         """
-        self._read_hooks.append(hook)
-        self._remember(owner)
+        self._read_hooks.add_read_hook(hook, owner)
 
     def add_inference_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
         """Registers ``hook(table, unique_ids)`` to run before reads outside training."""
-        self._inference_hooks.append(hook)
-        self._remember(owner)
-
-    def _remember(self, owner: Optional[object]) -> None:
-        if owner is not None and owner not in self.hook_owners():
-            self._hook_owners.append(weakref.ref(owner))
+        self._read_hooks.add_inference_hook(hook, owner)
 
     def hook_owners(self) -> list:
         """The (live) owners of this layer's hooks, in registration order."""
-        return [o for o in (ref() for ref in self._hook_owners) if o is not None]
+        return self._read_hooks.owners()
 
     def _hooks(self, training) -> list:
-        return self._read_hooks if training else self._inference_hooks
+        return self._read_hooks.hooks(training)
 
     def _run_hooks(self, unique_ids: tf.Tensor, training, shard_ids: Optional[list] = None) -> list:
         """Runs the read (``training``) or inference hooks for ``unique_ids``; returns their ops.
@@ -160,12 +152,7 @@ class DPEmbedding(tf.keras.layers.Layer):
         read itself gathers, passed on so a hook working on the servers reuses them; such a
         hook may return :class:`ShardRows` (the rows it read) instead of an op.
         """
-        ops = []
-        for hook in self._hooks(training):
-            op = hook(self.table, unique_ids) if shard_ids is None else hook(self.table, unique_ids, shard_ids)
-            if op is not None:
-                ops.append(op)
-        return ops
+        return self._read_hooks.run(self.table, unique_ids, training, shard_ids)
 
     def read_rows(self, ids, training=None) -> tf.Tensor:
         """Rows ``[n, d]`` of the ids ``[n]`` (``>= 0``), read like a lookup but without a tap.

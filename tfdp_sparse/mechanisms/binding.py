@@ -1,7 +1,8 @@
 """Which mechanisms are bound to a model's layers (read hooks), found without naming an algorithm.
 
 A mechanism that hooks a model's layers (LazyDP's catch-up reads) registers
-its hooks with ``DPEmbedding.add_read_hook(hook, owner=mechanism)``; guards
+its hooks with ``DPEmbedding.add_read_hook(hook, owner=mechanism)`` (or on the
+:class:`~tfdp_sparse.layers.read_hooks.ReadHooks` of a layer's hooked table); guards
 (export, the Keras callbacks) ask :func:`bound_mechanisms` for the
 mechanisms of a model and call their ``has_pending`` / ``pending_rows`` /
 ``flush`` hooks. The layers hold the owners (weakly); there is no
@@ -34,13 +35,20 @@ def layers_of(model) -> list:
 
 
 def bound_mechanisms(model) -> list:
-    """The mechanisms whose hooks (``bind_model``) sit on ``model``'s embedding layers."""
+    """The mechanisms whose hooks (``bind_model``) sit on ``model``'s embedding layers.
+
+    Those of ``DPEmbedding`` layers and of layers reading hooked tables
+    themselves (:func:`tfdp_sparse.layers.read_hooks.hooked_tables_of`: keras-rs ``DistributedEmbedding``).
+    """
     from tfdp_sparse.layers.embedding import DPEmbedding  # layers import no mechanism
+    from tfdp_sparse.layers.read_hooks import hooked_tables_of
 
     found: list = []
     for layer in layers_of(model):
-        if isinstance(layer, DPEmbedding):
-            for mech in layer.hook_owners():
-                if mech not in found:
-                    found.append(mech)
+        owners = layer.hook_owners() if isinstance(layer, DPEmbedding) else []
+        hooked = hooked_tables_of(layer)
+        owners += hooked.owners() if hooked is not None else []
+        for mech in owners:
+            if mech not in found:
+                found.append(mech)
     return found

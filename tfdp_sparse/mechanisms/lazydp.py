@@ -36,7 +36,7 @@ given the restored ``optimizer.iterations``.
 Per step ``t`` (``k = completed_steps = t - 1``):
 
 1. *read hook* (registered on every :class:`~tfdp_sparse.layers.DPEmbedding`
-   by :meth:`LazyDP.bind_model`): the rows the batch reads catch up to ``k``
+   and hooked table by :meth:`LazyDP.bind_model`): the rows the batch reads catch up to ``k``
    and ``last[r] = k``;
 2. :meth:`LazyDP.privatize`: the unique touched rows get the summed clipped
    gradient plus ``N(0, sigma^2 C^2)`` (like EANA) and ``last[r] = t``; dense
@@ -58,7 +58,9 @@ tables, so one step is ``PoissonSampled(q, Gaussian(sigma))``, as DP-SGD.
 Requirements (checked, with errors that say why): plain SGD (momentum 0: a
 velocity would move untouched rows by amounts deferred noise cannot
 reproduce), a fixed ``expected_batch_size`` (the deferred noise is scaled by
-``1/B`` without seeing the batch), tables read through ``DPEmbedding``
+``1/B`` without seeing the batch), tables read through ``DPEmbedding`` or
+through a layer whose tables have read hooks (:mod:`tfdp_sparse.layers.read_hooks`:
+keras-rs ``DistributedEmbedding``, hooked by the Keras 3 adapter)
 (a plain ``tf.keras.layers.Embedding`` cannot be caught up before it is
 read: refused, or given dense DP-SGD noise with ``dense_fallback=True``).
 Every bound, trainable table is assumed to be trained at every step (as in

@@ -5,8 +5,9 @@ dense DP-SGD (Lim et al., ASPLOS'24, §5.2: plain SGD, no momentum, a fixed
 expected batch size) and records that batch size (the scale of the
 deferred noise; the step and the learning rates come from each step's
 :class:`~tfdp_sparse.mechanisms.step_context.StepContext`, never from the
-optimizer); ``bind_model`` creates one int32 history per ``DPEmbedding`` table and
-registers the catch-up read hooks (:mod:`.lazydp_catchup`).
+optimizer); ``bind_model`` creates one int32 history per ``DPEmbedding`` table (and per
+hooked table of a layer that reads its tables itself, :mod:`tfdp_sparse.layers.read_hooks`:
+keras-rs ``DistributedEmbedding``) and registers the catch-up read hooks (:mod:`.lazydp_catchup`).
 
 Example::
 
@@ -118,7 +119,13 @@ class LazyBinding:
         self._expected_batch_size = float(batch)
 
     def bind_model(self, model) -> None:
-        """Registers read hooks on every ``DPEmbedding`` of a built ``model``.
+        """Registers read hooks on every ``DPEmbedding`` of a built ``model``, and on its hooked tables.
+
+        Hooked tables: the tables of layers that gather rows themselves and
+        were given read hooks with :func:`tfdp_sparse.layers.read_hooks.hook_tables`
+        (keras-rs ``DistributedEmbedding``: ``make_private`` hooks them, or
+        :func:`tfdp_sparse.keras.keras_rs_support.hook_keras_rs_tables`); their
+        layer's rule runs the hooks before it gathers.
 
         Idempotent. Call it after the model is built and before training
         (and before restoring a checkpoint, so the history tables exist).
@@ -127,6 +134,7 @@ class LazyBinding:
         model compiled with an optimizer other than this mechanism's SGD.
         """
         from tfdp_sparse.layers.embedding import DPEmbedding  # layers import clipping only
+        from tfdp_sparse.layers.read_hooks import hooked_tables_of
 
         layers = binding.layers_of(model)
         if not layers:
@@ -141,6 +149,11 @@ class LazyBinding:
             )
         found = False
         for layer in layers:
+            hooked = hooked_tables_of(layer)
+            if hooked is not None:
+                found = True
+                for name, table in hooked.tables().items():
+                    self._bind_table(table, f"{layer.name}_{name}", layer.trainable, hooked.hooks(name))
             if isinstance(layer, DPEmbedding):
                 found = True
                 self._bind_layer(layer)
@@ -150,7 +163,9 @@ class LazyBinding:
         if not found:
             raise ValueError(
                 f"bind_model found no DPEmbedding in {getattr(model, 'name', model)!r}: LazyDP defers the "
-                "noise of embedding tables read through tfdp_sparse.layers.DPEmbedding"
+                "noise of embedding tables read through tfdp_sparse.layers.DPEmbedding, or of hooked tables "
+                "(keras-rs DistributedEmbedding: make_private hooks them, or call "
+                "tfdp_sparse.keras.keras_rs_support.hook_keras_rs_tables(model) before bind_model)"
             )
         self._tables.bound = True
 
@@ -160,23 +175,26 @@ class LazyBinding:
                 f"bind_model: DPEmbedding {layer.name!r} is not built; build the model first (construct it "
                 "from tf.keras.Input or call it on a batch) so its table exists"
             )
-        table = layer.table  # the tf.Variable (behind Keras 3's keras.Variable)
-        if not is_trainable(table) or not layer.trainable:
+        self._bind_table(layer.table, layer.name, layer.trainable, layer)  # layer.table: the tf.Variable
+
+    def _bind_table(self, table: tf.Variable, name: str, trainable: bool, hooks) -> None:
+        """A history for ``table`` and the catch-up / inference hooks on ``hooks`` (``add_read_hook`` etc.)."""
+        if not is_trainable(table) or not trainable:
             return  # DP-SGD does not noise frozen variables either
         if variable_key(table) in self._tables.index:
             return
         if table.dtype != tf.float32:
-            raise ValueError(f"LazyDP supports float32 tables, got {table.dtype.name} for {layer.name!r}")
-        history = self._new_history(table, f"{layer.name}_lazydp_history")  # sharded like the table
+            raise ValueError(f"LazyDP supports float32 tables, got {table.dtype.name} for {name!r}")
+        history = self._new_history(table, f"{name}_lazydp_history")  # sharded like the table
         with tf.init_scope(), tf.device(variable_device(table)):
-            flushed_at = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{layer.name}_lazydp_flushed_at")
+            flushed_at = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{name}_lazydp_flushed_at")
         self._tables.index[variable_key(table)] = len(self._histories)
         self._tables.variables.append(table)
-        self._tables.names.append(layer.name)
+        self._tables.names.append(name)
         self._histories.append(history)
         self._flushed_at.append(flushed_at)
-        layer.add_read_hook(self._catch_up_hook, owner=self)
-        layer.add_inference_hook(self._inference_hook, owner=self)
+        hooks.add_read_hook(self._catch_up_hook, owner=self)
+        hooks.add_inference_hook(self._inference_hook, owner=self)
 
     def _bind_keras_embedding(self, layer) -> None:
         if not self.dense_fallback:

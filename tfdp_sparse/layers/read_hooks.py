@@ -1,0 +1,179 @@
+"""Read hooks of embedding tables: what must run before a table's rows are read (LazyDP's catch-up).
+
+A mechanism that defers work on rows until they are read (LazyDP's owed
+noise) registers two hooks per table, each ``hook(table, unique_ids)``:
+
+* a *read hook*, run with the unique ids a training read is about to gather;
+* an *inference hook*, run before reads outside training (evaluation,
+  ``predict``, serving, saving), e.g. to apply all pending noise first.
+
+:class:`ReadHooks` holds one table's hooks and their owners (weakly: a table
+never keeps a mechanism alive; guards find the mechanisms through
+:meth:`ReadHooks.owners`). :class:`tfdp_sparse.layers.DPEmbedding` holds one.
+
+A layer that gathers rows of its tables itself, with no hook of its own
+(keras-rs ``DistributedEmbedding``), gets a :class:`HookedTables`, one
+:class:`ReadHooks` per named table, through :func:`hook_tables`: the clipping
+rule of that layer runs the hooks before its gathers, the mechanism's
+``bind_model`` finds the tables with :func:`hooked_tables_of`, and the
+layer's ``save_own_variables`` (Keras 3's ``model.save`` / ``save_weights``)
+runs the inference hooks of every row before the tables are written. Both
+live on the layer instance (no module-level map), as
+:func:`tfdp_sparse.clipping.registry.attach_taps`'s wrappers do. This module
+imports TensorFlow only (no keras-rs, no mechanism).
+
+Example::
+
+    hooked = hook_tables(layer, {"t1": table})      # once, before bind_model
+    hooked.hooks("t1").add_read_hook(mech.catch_up, owner=mech)
+    with tf.control_dependencies(hooked.before_read("t1", ids, training=True)):
+        rows = tf.gather(table, ids)                 # caught-up rows
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable, Mapping, Optional
+
+import tensorflow as tf
+
+ReadHook = Callable[..., Optional[object]]
+
+# The attribute of a layer instance holding its HookedTables (set by hook_tables, read by hooked_tables_of).
+_HOOKED = "_tfdp_hooked_tables"
+
+
+class ReadHooks:
+    """The read and inference hooks of one table, with their owners held weakly.
+
+    Example::
+
+        hooks = ReadHooks()
+        hooks.add_read_hook(mech.catch_up, owner=mech)
+        hooks.run(table, unique_ids, training=True)   # [op of the catch-up]
+        hooks.owners()                                 # [mech]
+    """
+
+    def __init__(self):
+        self._read: list[ReadHook] = []
+        self._inference: list[ReadHook] = []
+        self._owners: list = []  # weakref.ref
+
+    def add_read_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
+        """Registers ``hook(table, unique_ids)`` to run before training reads; ``owner`` is remembered weakly."""
+        self._read.append(hook)
+        self._remember(owner)
+
+    def add_inference_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
+        """Registers ``hook(table, unique_ids)`` to run before reads outside training."""
+        self._inference.append(hook)
+        self._remember(owner)
+
+    def _remember(self, owner: Optional[object]) -> None:
+        if owner is not None and owner not in self.owners():
+            self._owners.append(weakref.ref(owner))
+
+    def owners(self) -> list:
+        """The live owners of these hooks, in registration order."""
+        return [o for o in (ref() for ref in self._owners) if o is not None]
+
+    def hooks(self, training) -> list:
+        """The read hooks (``training`` truthy) or the inference hooks."""
+        return self._read if training else self._inference
+
+    def run(self, table, unique_ids: tf.Tensor, training, shard_ids: Optional[list] = None) -> list:
+        """Runs the read (``training``) or inference hooks for ``unique_ids``; returns what they returned.
+
+        ``shard_ids`` (sharded tables, training reads) is passed on to hooks
+        that work on the servers (:class:`tfdp_sparse.layers.embedding.ShardRows`).
+        """
+        out = []
+        for hook in self.hooks(training):
+            result = hook(table, unique_ids) if shard_ids is None else hook(table, unique_ids, shard_ids)
+            if result is not None:
+                out.append(result)
+        return out
+
+
+class HookedTables:
+    """:class:`ReadHooks` for each named table of a layer that reads its tables itself.
+
+    Args:
+      tables: ``{table name: tf.Variable}`` (e.g. keras-rs ``layer.get_embedding_tables()``).
+
+    Example::
+
+        hooked = HookedTables({"t1": t1, "t2": t2})
+        hooked.before_read("t1", ids, training=True)           # t1's read hooks, unique ids of ids
+        hooked.before_read_all(training=False)                # every table's inference hooks, all rows
+    """
+
+    def __init__(self, tables: Mapping[str, tf.Variable]):
+        for name, table in tables.items():
+            if not isinstance(table, tf.Variable):
+                raise TypeError(f"table {name!r}: read hooks need a tf.Variable, got {type(table).__name__}")
+        self._tables = dict(tables)
+        self._hooks = {name: ReadHooks() for name in self._tables}
+
+    def tables(self) -> dict:
+        """``{table name: tf.Variable}``, in the layer's order."""
+        return dict(self._tables)
+
+    def hooks(self, name: str) -> ReadHooks:
+        """The hooks of table ``name``."""
+        return self._hooks[name]
+
+    def owners(self) -> list:
+        """The live owners of any table's hooks, each once."""
+        found: list = []
+        for hooks in self._hooks.values():
+            found.extend(o for o in hooks.owners() if all(o is not f for f in found))
+        return found
+
+    def before_read(self, name: str, ids: tf.Tensor, training) -> list:
+        """Runs table ``name``'s read (``training``) or inference hooks for the unique values of ``ids``.
+
+        ``ids``: the ids about to be gathered, any shape. Returns the hooks' ops; builds nothing without hooks.
+        """
+        hooks = self._hooks[name]
+        if not hooks.hooks(training):
+            return []
+        return hooks.run(self._tables[name], tf.unique(tf.reshape(ids, [-1]))[0], training)
+
+    def before_read_all(self, training) -> list:
+        """Runs every table's hooks as for a read of all its rows (builds nothing without hooks)."""
+        ops = []
+        for name, table in self._tables.items():
+            if self._hooks[name].hooks(training):
+                ops += self._hooks[name].run(table, tf.range(int(table.shape[0]), dtype=tf.int64), training)
+        return ops
+
+
+def hooked_tables_of(layer) -> Optional[HookedTables]:
+    """The :class:`HookedTables` :func:`hook_tables` gave ``layer``, else ``None``."""
+    return vars(layer).get(_HOOKED)
+
+
+def hook_tables(layer, tables: Mapping[str, tf.Variable]) -> HookedTables:
+    """Gives ``layer`` read hooks for ``tables`` (idempotent: a hooked layer keeps its hooks).
+
+    Also wraps the instance's ``save_own_variables`` (Keras 3 writes a layer's
+    state through it, the layer before its sub-layers) so that every table's
+    inference hooks run before anything is written: ``model.save`` and
+    ``save_weights`` store no row that still owes noise.
+    """
+    hooked = hooked_tables_of(layer)
+    if hooked is not None:
+        if {n: t.ref() for n, t in hooked.tables().items()} != {n: t.ref() for n, t in tables.items()}:
+            raise ValueError(f"layer {layer.name!r} is already hooked with other tables: {sorted(hooked.tables())}")
+        return hooked
+    hooked = HookedTables(tables)
+    own_save = layer.save_own_variables
+
+    def save_own_variables(store) -> None:
+        hooked.before_read_all(training=False)  # e.g. LazyDP flushes the tables first
+        own_save(store)
+
+    object.__setattr__(layer, _HOOKED, hooked)  # instance attributes; Keras' tracking bypassed
+    object.__setattr__(layer, "save_own_variables", save_own_variables)
+    return hooked

@@ -115,11 +115,6 @@ def test_lazydp_refuses_a_plain_keras_embedding_table_by_name():
         make_private(ctr_model(), dp(algorithm="lazydp"), num_examples=N, batch_size=B, epochs=1, loss=BCE)
 
 
-def test_post_processing_optimizers_are_refused_by_name():
-    with pytest.raises(ValueError, match="table_optimizer= is not supported on Keras 3"):
-        make_private(ctr_model(), dp(), num_examples=N, batch_size=B, epochs=1, loss=BCE, table_optimizer=object())
-
-
 def test_sequential_and_subclassed_models_train_privately():
     class Subclassed(keras.Model):
         def __init__(self):

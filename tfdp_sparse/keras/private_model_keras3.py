@@ -1,4 +1,4 @@
-"""The Keras 3 hooks of :class:`tfdp_sparse.keras.PrivateModel`: how metrics are updated and reported.
+"""The Keras 3 hooks of :class:`tfdp_sparse.keras.PrivateModel`: how metrics are updated and reported, the progress bar.
 
 Everything else (Poisson batches, the coupling check, ε in ``fit``, the
 ledger, the report, the refusals) is :class:`PrivateModel`'s, shared with
@@ -20,7 +20,7 @@ from tfdp_sparse.keras.private_model import PrivateModel
 
 
 class Keras3PrivateModel(PrivateModel):
-    """:class:`PrivateModel` on Keras 3: metrics through Keras 3's ``compute_metrics``."""
+    """:class:`PrivateModel` on Keras 3: metrics through Keras 3's ``compute_metrics``, Keras 3's progress bar."""
 
     metrics = tf.keras.Model.metrics  # Keras 3 lists the loss tracker and the compiled metrics itself
 
@@ -30,6 +30,10 @@ class Keras3PrivateModel(PrivateModel):
         # model built only when it is called, which fit never does (train_step calls the wrapped model), and
         # refuses save_weights on an unbuilt model.
         self.built = True
+
+    def _progress_bar(self) -> tf.keras.callbacks.Callback:
+        """Keras 3's progress bar (it counts steps; it has no ``count_mode``)."""
+        return tf.keras.callbacks.ProgbarLogger()
 
     def _metric_results(self, y, predictions, per_example) -> dict:
         """Updates the loss tracker and the compiled metrics; returns :meth:`get_metrics_result`."""

@@ -28,7 +28,8 @@ def ctr_model() -> keras.Model:
     table = keras.layers.Embedding(VOCAB, 4, name="table", embeddings_initializer=keras.initializers.RandomUniform(
         -0.05, 0.05, seed=1))
     h = keras.layers.Flatten()(table(ids))
-    model = keras.Model(ids, keras.layers.Dense(1, name="out", kernel_initializer=keras.initializers.GlorotUniform(1))(h))
+    out = keras.layers.Dense(1, name="out", kernel_initializer=keras.initializers.GlorotUniform(1))
+    model = keras.Model(ids, out(h))
     model(data()[0][:2])  # the same weights at every call
     return model
 

@@ -17,16 +17,17 @@ tf-keras; tables keep this optimizer's plain SGD unless ``table_optimizer``
 the tables' noised gradients go through the same
 :class:`~tfdp_sparse.optimizers.TableOptimizer` as on tf-keras, on the
 ``tf.Variable`` behind each table. Its slots and step counts are variables of
-this optimizer (:meth:`Keras3DPOptimizer.add_variable`), so Keras 3's
+this optimizer (made by Keras 3's ``add_variable``), so Keras 3's
 ``save_weights`` / ``load_weights`` (and ``tf.train.Checkpoint``) carry them;
 loading a checkpoint whose optimizer holds other variables (another
-``table_optimizer`` or none) is refused rather than skipped. The rule gets the step and
-the learning rate from :meth:`Keras3DPOptimizer.step_context` (Keras 3's
-public ``iterations`` and ``learning_rate``), as on tf-keras. LazyDP runs on
-models whose tables are :class:`tfdp_sparse.layers.DPEmbedding` (its read hooks
-catch rows up on :attr:`DPEmbedding.table`); the constructor calls the
-mechanism's ``check_optimizer`` (plain SGD, momentum 0, a fixed
-``expected_batch_size``; a ``table_optimizer`` other than ``TableSGD`` at its rate is refused by name).
+``table_optimizer`` or none) is refused rather than skipped. The rule gets
+the step and the learning rate from :meth:`Keras3DPOptimizer.step_context`
+(Keras 3's public ``iterations`` and ``learning_rate``), as on tf-keras.
+LazyDP runs on models whose tables are :class:`tfdp_sparse.layers.DPEmbedding`
+(its read hooks catch rows up on :attr:`DPEmbedding.table`); the constructor
+calls the mechanism's ``check_optimizer`` (plain SGD, momentum 0, a fixed
+``expected_batch_size``; a ``table_optimizer`` other than ``TableSGD`` at the
+optimizer's rate is refused by name).
 
 Example::
 

@@ -13,9 +13,8 @@ hashing of raw ids into buckets is public (no data-dependent vocabulary).
     TF_USE_LEGACY_KERAS=0 python examples/custom_ctr.py --smoke    # the same model on Keras 3
 
 Either Keras stack (``TF_USE_LEGACY_KERAS``, default ``1``: tf-keras); the
-model is one definition. Keras 3 has no row-wise table optimizer yet, so
-there the tables train with the DP optimizer's plain SGD (the JSON line's
-``table_optimizer`` and ``keras_stack`` say which ran).
+model is one definition, and both train the tables with row-wise Adagrad
+(the JSON line's ``table_optimizer`` and ``keras_stack`` say what ran).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 from tfdp_sparse.config import PrivacyConfig  # noqa: E402
 from tfdp_sparse.data import synthetic  # noqa: E402
 from tfdp_sparse.keras import make_private  # noqa: E402
-from tfdp_sparse.keras_stack import is_keras_3, stack_name  # noqa: E402
+from tfdp_sparse.keras_stack import stack_name  # noqa: E402
 from tfdp_sparse.optimizers import TableAdagrad  # noqa: E402
 
 FEATURES = 6  # the first categorical features of the synthetic Criteo-like data
@@ -73,16 +72,15 @@ def main(argv=None) -> dict:
     x_eval, y_eval = load(n // 4, sample_seed=2)
     model = build_model(x["dense"].shape[1])
     model({k: v[:2] for k, v in x.items()})  # build
-    table_optimizer = None if is_keras_3() else TableAdagrad(0.05)  # Keras 3: no row-wise table optimizer yet
     private = make_private(
         model, PrivacyConfig(algorithm="dpsgd", target_epsilon=args.target_epsilon, l2_norm_clip=1.0),
         num_examples=n, batch_size=batch, epochs=epochs, learning_rate=0.5,
-        loss=tf.keras.losses.BinaryCrossentropy(from_logits=True), table_optimizer=table_optimizer)
+        loss=tf.keras.losses.BinaryCrossentropy(from_logits=True), table_optimizer=TableAdagrad(0.05))
     private.compile(metrics=[tf.keras.metrics.AUC(from_logits=True, name="auc")])
     private.fit(x, y, verbose=0 if args.smoke else 1)
     auc = private.evaluate(x_eval, y_eval, batch_size=1024, verbose=0, return_dict=True)["auc"]
     result = {**private.report(), "auc": round(float(auc), 4), "keras_stack": stack_name(),
-              "table_optimizer": "sgd" if table_optimizer is None else "adagrad"}
+              "table_optimizer": private.dp_optimizer.table_optimizer.rule.name}
     print(json.dumps(result))
     return result
 

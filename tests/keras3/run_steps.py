@@ -30,6 +30,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
 from tfdp_sparse.keras.lazy import LazyDPCallback
 from tfdp_sparse.layers import DPEmbedding
+from tfdp_sparse.optimizers import TableAdagrad
 
 N, B, VOCAB, DIM, WIDTH, STEPS, SEED = 96, 16, 40, 4, 6, 3, 7
 #: The algorithms both stacks run, with their knobs.
@@ -39,6 +40,8 @@ ALGORITHMS = {
     "adafest": (("tau", 1.0), ("sigma1", 2.0)),
     "dpfest": (("k", 8), ("kept_ids", (tuple(range(0, VOCAB, 5)),))),
     "eana+adam": (),  # EANA with Adam post-processing the dense variables' noised gradients (dense_optimizer)
+    "dpsgd+adagrad": (),  # row-wise Adagrad on the tables (table_optimizer): dense noised gradient, every row
+    "eana+adagrad": (),  # row-wise Adagrad on the tables: sparse noised gradient, touched rows and their slots
     "lazydp": (),  # deferred noise: catch-up reads of DPEmbedding tables, flushed at the end of fit
     "lazydp+flush": (),  # LazyDP flushed after every 2nd step too (LazyDPCallback), then reads after the flush
 }
@@ -117,10 +120,11 @@ def train(algorithm: str, initial: dict, sigma: float, steps: int = STEPS, model
     privacy = PrivacyConfig(algorithm=mechanism, noise_multiplier=sigma, l2_norm_clip=0.5,
                             extra=knobs(algorithm, name_of_model))
     dense_optimizer = tf.keras.optimizers.Adam(0.05) if variant == "adam" else None
+    table_optimizer = TableAdagrad(0.05) if variant == "adagrad" else None
     callbacks = [LazyDPCallback(flush_every_n_batches=2)] if variant == "flush" else []
     private = make_private(model, privacy, num_examples=N, batch_size=B, steps=steps, learning_rate=0.5,
                            loss=tf.keras.losses.BinaryCrossentropy(from_logits=True), noise_seed=SEED,
-                           dense_optimizer=dense_optimizer)
+                           dense_optimizer=dense_optimizer, table_optimizer=table_optimizer)
     private.compile()
     private.fit(*model_data(name_of_model), verbose=0, callbacks=callbacks)
     if private.mechanism.has_pending():

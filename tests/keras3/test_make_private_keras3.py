@@ -115,11 +115,6 @@ def test_lazydp_refuses_a_plain_keras_embedding_table_by_name():
         make_private(ctr_model(), dp(algorithm="lazydp"), num_examples=N, batch_size=B, epochs=1, loss=BCE)
 
 
-def test_post_processing_optimizers_are_refused_by_name():
-    with pytest.raises(ValueError, match="table_optimizer= is not supported on Keras 3"):
-        make_private(ctr_model(), dp(), num_examples=N, batch_size=B, epochs=1, loss=BCE, table_optimizer=object())
-
-
 def test_sequential_and_subclassed_models_train_privately():
     class Subclassed(keras.Model):
         def __init__(self):
@@ -165,3 +160,42 @@ def test_dense_optimizer_moves_dense_variables_and_tables_keep_sgd():
     np.testing.assert_allclose(table.numpy(), before_table - 0.1 * grad, atol=1e-6)
     moved = np.abs(hidden.numpy() - before_hidden)
     assert moved.max() == pytest.approx(0.01, rel=1e-3) and moved.max() <= 0.01 * (1 + 1e-5)  # |g|/(|g|+eps) <= 1
+
+
+def test_resumed_fit_continues_epsilon(tmp_path):
+    """``save_weights`` / ``load_weights`` carry the executed steps: the resumed ``fit`` charges all of them."""
+    x, y = data()
+    first = _private(ctr_model())
+    first.fit(x, y, verbose=0)
+    path = str(tmp_path / "private.weights.h5")
+    first.save_weights(path)
+    again = _private(ctr_model())
+    again.load_weights(path)
+    again.fit(x, y, verbose=0)
+    spe = round(N / B)
+    report = again.report()
+    assert report["steps"] == 2 * spe
+    assert report["epsilon"] == pytest.approx(independent_epsilon(1.0, 2 * spe, report["delta"]), rel=1e-6)
+
+
+def test_resuming_from_a_file_without_privacy_state_is_refused(tmp_path):
+    """The wrapped model's own weights file has no step count: resuming from it would restart ε at 0."""
+    model = ctr_model()
+    path = str(tmp_path / "model.weights.h5")
+    model.save_weights(path)
+    private = _private(ctr_model())
+    with pytest.raises(ValueError, match="holds no privacy state .*epsilon would restart at 0"):
+        private.load_weights(path)
+
+
+def test_resuming_with_another_privacy_unit_is_refused(tmp_path):
+    """The privacy unit is in the file: a checkpoint of another unit's run (as written by one) is refused at fit."""
+    first = _private(ctr_model())
+    first.fit(*data(), verbose=0)
+    first.privacy_state.unit.assign('{"privacy_unit": "user"}')  # what a user-level run's state holds
+    path = str(tmp_path / "private.weights.h5")
+    first.save_weights(path)
+    again = _private(ctr_model())
+    again.load_weights(path)
+    with pytest.raises(ValueError, match="trained with privacy unit .*user"):
+        again.fit(*data(), verbose=0)

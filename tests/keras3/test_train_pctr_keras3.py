@@ -44,12 +44,14 @@ def _json_line(proc: subprocess.CompletedProcess) -> dict:
     ("dpsgd", "0", []),
     ("lazydp", "0", []),  # DPEmbedding tables: catch-up reads, flushed before evaluation and export
     ("adafest", "1", ["--keras_stack=keras3", "--tau=1.0", "--sigma1=2.0"]),  # flag disagrees: re-run on Keras 3
+    ("dpsgd", "0", ["--table_optimizer=adagrad", "--table_learning_rate=0.1"]),  # row-wise Adagrad tables
 ])
 def test_tiny_run_on_keras_3_prints_its_stack_auc_and_epsilon(tmp_path, algorithm, legacy, extra):
     export = tmp_path / "export"
     line = _json_line(_trainer([f"--algorithm={algorithm}", f"--export_dir={export}", *extra], legacy))
     assert line["keras_stack"] == "keras3" and line["algorithm"] == algorithm
     assert line["steps"] == 4 and line["private"] is True
+    assert line["table_optimizer"] == ("adagrad" if "--table_optimizer=adagrad" in extra else "sgd")
     assert math.isfinite(line["auc"]) and 0 <= line["auc"] <= 1
     assert math.isfinite(line["epsilon"]) and line["epsilon"] > 0
     served = tf.saved_model.load(str(export))

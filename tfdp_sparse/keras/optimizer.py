@@ -241,18 +241,15 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         update = private_update(self.mechanism, self.expected_batch_size, per_example_loss, var_list, tape,
                                 self.recorder().take(), regularization_grads,
                                 predraw_dense=self.predraw_dense_noise, users=users, context=self.step_context())
-        pairs = update.pairs
         updates = [self.last_embedding_values.assign(update.embedding_values)]
         if update.clipped_fraction is not None:
             updates.append(self.last_clipped_fraction.assign(update.clipped_fraction))
         with tf.control_dependencies(updates), self.privatized():
             if self.table_optimizer is not None:
-                return self._apply_with_table_optimizer(pairs, var_list, update.is_table)
+                return self._apply_with_table_optimizer(*update.split_pairs(var_list))
             if self.dense_optimizer is None:
-                return self.apply_gradients(pairs)
-            tables = {v.ref() for v, t in zip(var_list, update.is_table) if t}
-            dense_pairs = [(g, v) for g, v in pairs if v.ref() not in tables]
-            table_pairs = [(g, v) for g, v in pairs if v.ref() in tables]
+                return self.apply_gradients(update.pairs)
+            table_pairs, dense_pairs = update.split_pairs(var_list)
             # Post-processing of the noised gradient: any optimizer is fine
             # for dense variables; tables keep this optimizer's plain SGD.
             dense_op = self.dense_optimizer.apply_gradients(dense_pairs)
@@ -284,18 +281,9 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         """
         return StepContext.of(self.iterations, self.current_learning_rate(), self.expected_batch_size)
 
-    def _apply_with_table_optimizer(self, pairs, var_list, is_table) -> tf.Operation:
+    def _apply_with_table_optimizer(self, table_pairs: list, rest: list) -> tf.Operation:
         """Tables through ``table_optimizer``, the rest as without it; one ``iterations`` increment."""
-        if tf.distribute.has_strategy():
-            raise ValueError(
-                "DPOptimizer(table_optimizer=...) does not support tf.distribute strategies: the table "
-                "gradients would not be aggregated across replicas. Use table_optimizer=None (plain SGD)"
-            )
-        tables = {v.ref() for v, t in zip(var_list, is_table) if t}
-        table_pairs = [(g, v) for g, v in pairs if v.ref() in tables]
-        rest = [(g, v) for g, v in pairs if v.ref() not in tables]
-        self.table_optimizer.build([v for _, v in table_pairs])  # no-op once prebuilt
-        table_ops = [self.table_optimizer.apply(g, v) for g, v in table_pairs]
+        table_ops = self.table_optimizer.apply_pairs(table_pairs)
         with tf.control_dependencies(table_ops):
             if self.dense_optimizer is None and rest:
                 return self.apply_gradients(rest)  # increments iterations

@@ -12,20 +12,29 @@ tf-keras.
 
 ``dense_optimizer`` (a Keras 3 optimizer, e.g. ``keras.optimizers.Adam``)
 post-processes the noised gradients of the non-table variables, as on
-tf-keras; tables keep this optimizer's plain SGD. The rule gets the step and
-the learning rate from :meth:`Keras3DPOptimizer.step_context` (Keras 3's
-public ``iterations`` and ``learning_rate``), as on tf-keras. LazyDP runs on
-models whose tables are :class:`tfdp_sparse.layers.DPEmbedding` (its read hooks
-catch rows up on :attr:`DPEmbedding.table`) or keras-rs ``DistributedEmbedding``
-default-device tables (read hooks run by the layer's clipping rule,
-:mod:`tfdp_sparse.keras.keras_rs_support`); the constructor calls the
-mechanism's ``check_optimizer`` (plain SGD, momentum 0, a fixed
-``expected_batch_size``). Not in this slice: ``table_optimizer``, refused by name.
+tf-keras; tables keep this optimizer's plain SGD unless ``table_optimizer``
+(``TableAdagrad``, ``TableAdam``, ``TableFTRL``, ``TableSGD``) is set: then
+the tables' noised gradients go through the same
+:class:`~tfdp_sparse.optimizers.TableOptimizer` as on tf-keras, on the
+``tf.Variable`` behind each table. Its slots and step counts are variables of
+this optimizer (made by Keras 3's ``add_variable``), so Keras 3's
+``save_weights`` / ``load_weights`` (and ``tf.train.Checkpoint``) carry them;
+loading a checkpoint whose optimizer holds other variables (another
+``table_optimizer`` or none) is refused rather than skipped. The rule gets
+the step and the learning rate from :meth:`Keras3DPOptimizer.step_context`
+(Keras 3's public ``iterations`` and ``learning_rate``), as on tf-keras.
+LazyDP runs on models whose tables are :class:`tfdp_sparse.layers.DPEmbedding`
+(its read hooks catch rows up on :attr:`DPEmbedding.table`) or keras-rs
+``DistributedEmbedding`` default-device tables (read hooks run by the layer's
+clipping rule, :mod:`tfdp_sparse.keras.keras_rs_support`); the constructor
+calls the mechanism's ``check_optimizer`` (plain SGD, momentum 0, a fixed
+``expected_batch_size``; a ``table_optimizer`` other than ``TableSGD`` at the
+optimizer's rate is refused by name).
 
 Example::
 
     opt = Keras3DPOptimizer(DPSGD(noise_multiplier=1.0, l2_norm_clip=1.0), learning_rate=0.1,
-                            expected_batch_size=256)
+                            expected_batch_size=256, table_optimizer=TableAdagrad(0.05))
     opt.attach(model)
     with tf.GradientTape() as tape:
         losses = per_example_loss(y, model(x, training=True))
@@ -49,21 +58,8 @@ from tfdp_sparse.keras.private_update import private_update
 from tfdp_sparse.keras_stack import as_tf_variable
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
-from tfdp_sparse.mechanisms.plans.base import Plan
-
-def refuse_unsupported_on_keras_3(plan: Plan, **options) -> None:
-    """Raises ``ValueError`` for what the Keras 3 adapter does not cover yet (post-processing table optimizers).
-
-    By option name, before the rule is built. Every mechanism runs on Keras 3 (``plan`` is checked by its
-    rule: LazyDP's ``bind_model`` refuses tables it cannot hook, a plain ``keras.layers.Embedding``, by name;
-    DP-FEST on keras-rs tables is refused by :mod:`tfdp_sparse.keras.keras_rs_support`).
-    Example: ``refuse_unsupported_on_keras_3(plan, table_optimizer=TableAdagrad(0.1))`` raises, naming it.
-    """
-    del plan  # every plan's rule runs on Keras 3
-    for name, value in options.items():
-        if value is not None:
-            raise ValueError(f"{name}= is not supported on Keras 3 yet (tf-keras only: TF_USE_LEGACY_KERAS=1); "
-                             f"got {value!r}")
+from tfdp_sparse.optimizers import TableOptimizer, TableRule
+from tfdp_sparse.tables import table_refs
 
 
 class Keras3DPOptimizer(tf.keras.optimizers.SGD):
@@ -71,31 +67,33 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
 
     Args: as :class:`tfdp_sparse.keras.DPOptimizer` (``mechanism``, ``learning_rate``,
     ``expected_batch_size``, ``momentum``, ``dense_optimizer``: a Keras 3 optimizer for the
-    non-table variables), without ``table_optimizer``.
+    non-table variables, ``table_optimizer``: a row-wise rule for the tables).
     """
 
     def __init__(self, mechanism: Mechanism, learning_rate=0.01, expected_batch_size: Optional[int] = None,
                  momentum: float = 0.0, name: str = "DPOptimizer",
-                 dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None, **kwargs):
+                 dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None,
+                 table_optimizer: Optional[TableRule] = None, **kwargs):
         for key in REFUSED_KWARGS:
             if kwargs.get(key) not in (None, False):
                 raise ValueError(f"DPOptimizer does not support {key}={kwargs[key]!r}: it would change the "
                                  "per-example sensitivity the privacy analysis relies on")
         if not isinstance(mechanism, Mechanism):
             raise TypeError(f"mechanism must be a tfdp_sparse Mechanism, got {type(mechanism).__name__}")
-        refuse_unsupported_on_keras_3(mechanism.plan)
         check_expected_batch_size(expected_batch_size, mechanism)
         if dense_optimizer is not None and not isinstance(dense_optimizer, tf.keras.optimizers.Optimizer):
             raise TypeError(f"dense_optimizer must be a Keras 3 optimizer, got {type(dense_optimizer).__name__}")
         super().__init__(learning_rate=learning_rate, momentum=momentum, name=name, **kwargs)
         self.dense_optimizer = dense_optimizer
+        self.table_optimizer = None if table_optimizer is None else TableOptimizer(table_optimizer,
+                                                                                    new_variable=self._new_slot)
         self.mechanism = mechanism
         self.expected_batch_size = expected_batch_size
         self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
         self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
         self._taps = ModelTaps()
         self._privatized_depth = 0
-        mechanism.check_optimizer(self)  # LazyDP: plain SGD, no momentum, a fixed B (read by its hooks)
+        mechanism.check_optimizer(self)  # LazyDP: plain SGD (no row-wise table rule), no momentum, a fixed B
 
     def attach(self, model: tf.keras.Model, registry: Optional[LayerRegistry] = None) -> TapRecorder:
         """Gives ``model``'s layers their clipping rules and builds this optimizer's state for its variables."""
@@ -104,7 +102,15 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
             self.build(model.trainable_variables)
             if self.dense_optimizer is not None:
                 self.dense_optimizer.build(model.trainable_variables)  # slots made once, outside the traced step
+        if self.table_optimizer is not None:
+            self.table_optimizer.build([ref.variable for ref in table_refs(model)])  # before any load_weights
         return recorder
+
+    def _new_slot(self, initial: tf.Tensor, name: str) -> tf.Variable:
+        """A table optimizer's slot or step count as a variable of this optimizer (its ``tf.Variable``)."""
+        variable = self.add_variable(tuple(initial.shape), initializer=lambda shape, dtype: initial,
+                                     dtype=initial.dtype.name, name=name)
+        return as_tf_variable(variable)
 
     def is_attached_to(self, model: tf.keras.Model) -> bool:
         """True when :meth:`attach` was called with ``model``."""
@@ -128,25 +134,28 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         update = private_update(self.mechanism, self.expected_batch_size, per_example_loss, tf_vars, tape,
                                 self.recorder().take(), regularization_grads, users=users,
                                 context=self.step_context())
-        by_ref = {t.ref(): k for t, k in zip(tf_vars, keras_vars)}
-        pairs = [(g, by_ref[v.ref()]) for g, v in update.pairs]
         updates = [self.last_embedding_values.assign(update.embedding_values)]
         if update.clipped_fraction is not None:
             updates.append(self.last_clipped_fraction.assign(update.clipped_fraction))
+        by_ref = {t.ref(): k for t, k in zip(tf_vars, keras_vars)}
+        table_pairs, other_pairs = update.split_pairs(tf_vars)
         with tf.control_dependencies(updates), self.privatized():
-            if self.dense_optimizer is None:
-                self.apply_gradients(pairs)
+            if self.table_optimizer is None and self.dense_optimizer is None:
+                self.apply_gradients([(g, by_ref[v.ref()]) for g, v in update.pairs])
                 return tf.convert_to_tensor(self.iterations)
-            tables = {v.ref() for v, t in zip(tf_vars, update.is_table) if t}
-            table_pairs = [(g, by_ref[v.ref()]) for g, v in update.pairs if v.ref() in tables]
-            dense_pairs = [(g, by_ref[v.ref()]) for g, v in update.pairs if v.ref() not in tables]
-            # Post-processing of the noised gradient: any optimizer for the dense variables, plain SGD for tables.
-            if dense_pairs:
-                self.dense_optimizer.apply_gradients(dense_pairs)
-            if table_pairs:
-                self.apply_gradients(table_pairs)  # increments iterations
-            else:
-                self.iterations.assign_add(1)
+            # Post-processing of the noised gradient: the table rule on the tables' tf.Variable (plain SGD
+            # without one), any optimizer for the dense variables.
+            table_ops = [] if self.table_optimizer is None else self.table_optimizer.apply_pairs(table_pairs)
+            sgd_pairs = table_pairs if self.table_optimizer is None else []
+            if self.dense_optimizer is None:
+                sgd_pairs, other_pairs = sgd_pairs + other_pairs, []
+            with tf.control_dependencies(table_ops):
+                if other_pairs:
+                    self.dense_optimizer.apply_gradients([(g, by_ref[v.ref()]) for g, v in other_pairs])
+                if sgd_pairs:
+                    self.apply_gradients([(g, by_ref[v.ref()]) for g, v in sgd_pairs])  # increments iterations
+                else:
+                    self.iterations.assign_add(1)
             return tf.convert_to_tensor(self.iterations)
 
     def step_context(self) -> StepContext:
@@ -174,7 +183,24 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
             raise UnprivatizedUpdateError(BYPASS_MESSAGE)
         return super().apply_gradients(grads_and_vars, *args, **kwargs)
 
+    def load_own_variables(self, store) -> None:
+        """Keras 3's restore, refusing a checkpoint whose optimizer holds other variables.
+
+        Keras 3 skips such a load with a warning, which would silently reset the
+        step count and the table optimizer's accumulators and moments.
+        """
+        if len(store.keys()) != len(self.variables):
+            raise ValueError(
+                f"the checkpoint does not hold this DPOptimizer's variables ({len(store.keys())} saved at this "
+                f"path, {len(self.variables)} here: {[v.name for v in self.variables]}): it was saved with another "
+                "table_optimizer (each table's slots and step count are optimizer variables) or another model. "
+                "Loading the rest would reset the step count and the tables' accumulators; make the private model "
+                "with the settings the checkpoint was saved with")
+        super().load_own_variables(store)
+
     def get_config(self) -> dict:
         config = super().get_config()
         config.update(expected_batch_size=self.expected_batch_size, mechanism=self.mechanism.describe())
+        if self.table_optimizer is not None:
+            config.update(table_optimizer=self.table_optimizer.rule.describe())
         return config

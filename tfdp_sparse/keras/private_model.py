@@ -201,12 +201,16 @@ class PrivateModel(tf.keras.Model):
             return self.privacy_callback.empty_history(self)  # not one more step fits the target epsilon
         verbose = 1 if verbose == "auto" else verbose
         cbs = tf.keras.callbacks.CallbackList(
-            [self.privacy_callback] + ([tf.keras.callbacks.ProgbarLogger(count_mode="steps")] if verbose else [])
+            [self.privacy_callback] + ([self._progress_bar()] if verbose else [])
             + list(callbacks or []),
             add_history=True, add_progbar=False, model=self, verbose=verbose, epochs=epochs,
             steps=spe if dataset is not None else None)
         return super().fit(dataset if dataset is not None else x, epochs=epochs, callbacks=cbs, verbose=verbose,
                            initial_epoch=initial_epoch, steps_per_epoch=spe if dataset is not None else None, **kwargs)
+
+    def _progress_bar(self) -> tf.keras.callbacks.Callback:
+        """``fit``'s progress bar, counting steps (after ε's callback, so it shows ε)."""
+        return tf.keras.callbacks.ProgbarLogger(count_mode="steps")
 
     def train_on_batch(self, *args, **kwargs):
         """Refused: a batch chosen by the caller is no Poisson sample, so no epsilon would hold for it."""

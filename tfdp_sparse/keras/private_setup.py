@@ -242,10 +242,9 @@ def _optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: Setup
 
 def _keras_3_optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: SetupOptions,
                        mechanism: Optional[Mechanism]):
-    """The Keras 3 stack's optimizer (what it does not cover yet is refused before the rule is built)."""
-    from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer, refuse_unsupported_on_keras_3
+    """The Keras 3 stack's optimizer (what keras-rs tables do not cover is refused before the rule is built)."""
+    from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
 
-    refuse_unsupported_on_keras_3(resolved.plan, table_optimizer=options.table_optimizer)
     if importlib.util.find_spec("keras_rs") is not None:  # keras-rs tables: DP-FEST refused, read hooks for LazyDP
         from tfdp_sparse.keras.keras_rs_support import hook_keras_rs_tables, refuse_unsupported_on_keras_rs
 
@@ -254,7 +253,7 @@ def _keras_3_optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, option
     mechanism = mechanism if mechanism is not None else mechanisms_lib.build_rule(resolved.plan, options.noise_seed)
     mechanism.bind_model(model)
     return Keras3DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size,
-                             dense_optimizer=options.dense_optimizer)
+                             dense_optimizer=options.dense_optimizer, table_optimizer=options.table_optimizer)
 
 
 def open_ledger(mechanism: Mechanism, options: SetupOptions) -> PrivacyLedger:

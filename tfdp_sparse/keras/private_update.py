@@ -61,6 +61,16 @@ class PrivateUpdate:
     embedding_values: tf.Tensor
     clipped_fraction: Optional[tf.Tensor]
 
+    def split_pairs(self, variables: Sequence[tf.Variable]) -> tuple[list, list]:
+        """``(table pairs, other pairs)`` of :attr:`pairs`, each in step order.
+
+        ``variables``: the step's variables (aligned with :attr:`is_table`).
+        Example: a step on ``[table, kernel]`` gives ``([(g_t, table)], [(g_k, kernel)])``.
+        """
+        tables = {v.ref() for v, t in zip(variables, self.is_table) if t}
+        return ([(g, v) for g, v in self.pairs if v.ref() in tables],
+                [(g, v) for g, v in self.pairs if v.ref() not in tables])
+
 
 def private_update(mechanism: Mechanism, expected_batch_size: Optional[int], per_example_loss: tf.Tensor,
                    variables: Sequence[tf.Variable], tape: tf.GradientTape, recorded: Sequence[Tap],

@@ -14,7 +14,10 @@ lifted out with ``tf.init_scope``); ``apply(grad, table)`` updates one table:
   the dense optimizer would.
 
 The slots are checkpointed with whatever tracks the module (``DPOptimizer``
-does, as ``table_optimizer``), in the order the tables were built.
+does, as ``table_optimizer``), in the order the tables were built. A caller
+whose checkpoints track other variables passes ``new_variable``: Keras 3's
+``Keras3DPOptimizer`` makes each slot one of its own variables (saved by
+``save_weights``) and hands this module the ``tf.Variable`` behind it.
 
 Example::
 
@@ -26,25 +29,32 @@ Example::
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import tensorflow as tf
 
 from tfdp_sparse.optimizers.rules import TableRule
 
 TableGradient = Union[tf.IndexedSlices, tf.Tensor]
+#: ``(initial value, name) -> non-trainable tf.Variable`` holding it: how a slot or step count is created.
+NewVariable = Callable[[tf.Tensor, str], tf.Variable]
+
+
+def plain_variable(initial: tf.Tensor, name: str) -> tf.Variable:
+    """A non-trainable ``tf.Variable`` (the default :data:`NewVariable`)."""
+    return tf.Variable(initial, trainable=False, name=name)
 
 
 class _TableSlots(tf.Module):
     """Slot variables and step count of one table."""
 
-    def __init__(self, rule: TableRule, table: tf.Variable):
+    def __init__(self, rule: TableRule, table: tf.Variable, new_variable: NewVariable):
         super().__init__(name=_slot_prefix(table))
         with tf.init_scope(), tf.device(table.device):
-            self.step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{self.name}_step")
+            self.step = new_variable(tf.constant(0, tf.int64), f"{self.name}_step")
             self.slots = {
-                slot: tf.Variable(tf.fill(tf.shape(table), tf.constant(rule.initial_slot_value(slot), table.dtype)),
-                                  trainable=False, name=f"{self.name}_{slot}")
+                slot: new_variable(tf.fill(tf.shape(table), tf.constant(rule.initial_slot_value(slot), table.dtype)),
+                                   f"{self.name}_{slot}")
                 for slot in rule.slot_names
             }
 
@@ -64,9 +74,10 @@ class TableOptimizer(tf.Module):
 
     Args:
       rule: the update (``TableSGD``, ``TableAdagrad``, ``TableAdam``, ``TableFTRL``).
+      new_variable: creates each slot and step count (default: a plain ``tf.Variable``).
     """
 
-    def __init__(self, rule: TableRule, name: str = "table_optimizer"):
+    def __init__(self, rule: TableRule, name: str = "table_optimizer", new_variable: NewVariable = plain_variable):
         if not isinstance(rule, TableRule):
             raise TypeError(
                 f"TableOptimizer needs a TableRule (TableSGD, TableAdagrad, TableAdam, TableFTRL), got "
@@ -76,6 +87,7 @@ class TableOptimizer(tf.Module):
         self.rule = rule
         self.tables: list[_TableSlots] = []
         self._positions = _Positions()
+        self._new_variable = new_variable
 
     def build(self, tables: Sequence[tf.Variable]) -> None:
         """Creates the slots of every table not built yet (idempotent)."""
@@ -87,7 +99,7 @@ class TableOptimizer(tf.Module):
                 )
             if table.ref() not in self._positions.of:
                 self._positions.of[table.ref()] = len(self.tables)
-                self.tables.append(_TableSlots(self.rule, table))
+                self.tables.append(_TableSlots(self.rule, table, self._new_variable))
 
     def slots_of(self, table: tf.Variable) -> dict[str, tf.Variable]:
         """The slot variables of ``table`` by slot name (empty for ``TableSGD``)."""
@@ -108,6 +120,21 @@ class TableOptimizer(tf.Module):
             if isinstance(grad, tf.IndexedSlices):
                 return self._apply_rows(grad, table, state, lr, t)
             return self._apply_dense(tf.convert_to_tensor(grad), table, state, lr, t)
+
+    def apply_pairs(self, pairs: Sequence[tuple[TableGradient, tf.Variable]]) -> list[tf.Operation]:
+        """Applies every ``(grad, table)`` of a private step (slots of a table not built yet are created first).
+
+        Both Keras stacks' DP optimizers call it with their table pairs (on
+        ``tf.Variable``). Refused under a ``tf.distribute`` strategy: the
+        table gradients would not be aggregated across replicas.
+        """
+        if tf.distribute.has_strategy():
+            raise ValueError(
+                "DPOptimizer(table_optimizer=...) does not support tf.distribute strategies: the table "
+                "gradients would not be aggregated across replicas. Use table_optimizer=None (plain SGD)"
+            )
+        self.build([table for _, table in pairs])  # no-op once prebuilt
+        return [self.apply(grad, table) for grad, table in pairs]
 
     def _state(self, table: tf.Variable) -> _TableSlots:
         position = self._positions.of.get(table.ref())

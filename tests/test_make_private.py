@@ -110,7 +110,7 @@ def test_resumed_fit_continues_epsilon(tmp_path):
     x, y = data()
     first = _private(ctr_model(seed=1))
     first.fit(x, y, verbose=0)
-    path = str(tmp_path / "ckpt")
+    path = weights_path(tmp_path)
     first.save_weights(path)
     again = _private(ctr_model(seed=1))
     again.load_weights(path)

@@ -14,13 +14,40 @@ Example::
 
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 
 from tfdp_sparse.keras.private_model import PrivateModel
 
 
+#: The suffix of the private training state written beside a Keras 3 weights file (a TensorFlow checkpoint).
+PRIVATE_STATE_SUFFIX = ".private"
+
+
+def private_state_path(filepath) -> str:
+    """Where :meth:`Keras3PrivateModel.save_weights` puts the private state of ``filepath`` (a checkpoint prefix).
+
+    Example: ``private_state_path("run/w.weights.h5")`` is ``"run/w.weights.h5.private"``.
+    """
+    return os.fspath(filepath) + PRIVATE_STATE_SUFFIX
+
+
+class MissingPrivateStateError(ValueError):
+    """A Keras 3 weights file without the private state beside it: a resume from it is refused."""
+
+
 class Keras3PrivateModel(PrivateModel):
-    """:class:`PrivateModel` on Keras 3: metrics through Keras 3's ``compute_metrics``."""
+    """:class:`PrivateModel` on Keras 3: metrics through Keras 3's ``compute_metrics``; resumable checkpoints.
+
+    Keras 3's ``save_weights`` (a ``.weights.h5`` file) stores Keras variables
+    only: the model's and the optimizer's step counter, not the privacy ledger
+    nor the mechanism (LazyDP's histories and step record, the noise
+    generator), which are TensorFlow state. :meth:`save_weights` writes those
+    beside it (:func:`private_state_path`) and :meth:`load_weights` restores
+    both, or refuses a weights file without them: a resume would otherwise
+    restart ε and misread LazyDP's record of owed noise.
+    """
 
     metrics = tf.keras.Model.metrics  # Keras 3 lists the loss tracker and the compiled metrics itself
 
@@ -49,3 +76,26 @@ class Keras3PrivateModel(PrivateModel):
         loss = self._loss_tracker.result()
         results["loss"] = float(loss) if tf.executing_eagerly() else loss
         return results
+
+    def save_weights(self, filepath, *args, **kwargs):
+        """Keras 3's weights file (after LazyDP's flush and the ledger's sync), and the private state beside it."""
+        out = super().save_weights(filepath, *args, **kwargs)
+        self._private_state().write(private_state_path(filepath))
+        return out
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """Restores the weights and the private state written by :meth:`save_weights`; refuses a file without it."""
+        state = private_state_path(filepath)
+        if not tf.io.gfile.exists(state + ".index"):
+            raise MissingPrivateStateError(
+                f"{os.fspath(filepath)} has no private training state beside it ({state}): a Keras 3 weights file "
+                "holds neither the privacy ledger nor the mechanism's state (LazyDP's histories, the noise "
+                "generator), so resuming from it would restart epsilon and misread LazyDP's owed noise. Resume from "
+                "a file this private model's save_weights (or ModelCheckpoint(save_weights_only=True) on it) wrote, "
+                "or load the weights into the plain model and start a new private run.")
+        out = super().load_weights(filepath, *args, **kwargs)
+        self._private_state().read(state).assert_existing_objects_matched()
+        return out
+
+    def _private_state(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(privacy_state=self.privacy_state, mechanism=self.mechanism)

@@ -51,10 +51,9 @@ def test_lazydp_fit_resumed_from_save_weights_equals_the_uninterrupted_run(tmp_p
     private.fit(*data, verbose=0)
     expected = _state(model, private)
 
-    first_model, first = _private(initial)
+    _, first = _private(initial)
     first.fit(*data, verbose=0)
     first.save_weights(weights_path(tmp_path))
-    del first_model
     resumed_model, resumed = _private()  # other initial weights: all must come from the checkpoint
     resumed.load_weights(weights_path(tmp_path))
     resumed.fit(*data, verbose=0)

@@ -18,7 +18,8 @@ from tfdp_sparse.clipping.registry import (
     unattached_layers,
 )
 from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, LayerTap, tap_read
-from tfdp_sparse.keras import DPOptimizer, PrivateStep
+from tests.stack_optimizer import dp_optimizer
+from tfdp_sparse.keras import PrivateStep
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.mechanisms import DPSGD, NonPrivate
 
@@ -146,13 +147,15 @@ def test_layer_without_a_rule_is_refused_without_fallback_and_a_registered_rule_
         np.testing.assert_allclose(result.norms.numpy(), np.linalg.norm(x.numpy(), axis=1), rtol=1e-6)
 
 
-def test_fit_without_attach_and_layers_created_after_attach_get_clear_errors():
+def test_fit_without_attach_gets_a_clear_error():
     model = _model()
-    opt = DPOptimizer(DPSGD(1.0, 1.0, seed=0), 0.1, expected_batch_size=4)
+    opt = dp_optimizer(DPSGD(1.0, 1.0, seed=0), 0.1, expected_batch_size=4)
     model.compile(optimizer=opt, loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none"))
     with pytest.raises(ValueError, match=r"call optimizer.attach\(model\)"):
         model.fit(_ids(), tf.zeros([4, 1]), batch_size=4, verbose=0)
 
+
+def test_layers_created_after_attach_are_refused_by_name():
     class Lazy(tf.keras.Model):
         def build(self, shape):
             self.head = tf.keras.layers.Dense(1, name="late_head")
@@ -161,7 +164,7 @@ def test_fit_without_attach_and_layers_created_after_attach_get_clear_errors():
             return self.head(x)
 
     late = Lazy()
-    step = PrivateStep(late, lambda y, p: tf.reduce_sum(p, axis=-1), DPOptimizer(NonPrivate(), 0.1))
+    step = PrivateStep(late, lambda y, p: tf.reduce_sum(p, axis=-1), dp_optimizer(NonPrivate(), 0.1))
     with pytest.raises(ValueError, match="late_head.*created after"):
         step(tf.ones([2, 3]), tf.zeros([2]))
 
@@ -180,7 +183,7 @@ def test_attached_layers_keep_autograph_for_their_own_python_control_flow():
 
     model = Branchy()
     model(tf.ones([2, 3]))
-    opt = DPOptimizer(NonPrivate(), 0.1)
+    opt = dp_optimizer(NonPrivate(), 0.1)
     opt.attach(model)
     model.compile(optimizer=opt, loss=tf.keras.losses.MeanSquaredError(reduction="none"))
     history = model.fit(tf.ones([4, 3]), tf.zeros([4, 1]), batch_size=4, epochs=1, verbose=0)

@@ -18,8 +18,9 @@ from scipy import stats
 
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import (
-    CoupledLossError, DataDependentLossError, DPOptimizer, PrivateStep, UnprivatizedUpdateError, make_private)
+    CoupledLossError, DataDependentLossError, PrivateStep, UnprivatizedUpdateError, make_private)
 from tfdp_sparse.mechanisms import build
+from tests.stack_optimizer import dp_optimizer, weights_path
 
 N, B, VOCAB, DIM, WIDTH = 512, 64, 50, 8, 24
 BCE = tf.keras.losses.BinaryCrossentropy(from_logits=True)
@@ -109,7 +110,7 @@ def test_resumed_fit_continues_epsilon(tmp_path):
     x, y = data()
     first = _private(ctr_model(seed=1))
     first.fit(x, y, verbose=0)
-    path = str(tmp_path / "ckpt")
+    path = weights_path(tmp_path)
     first.save_weights(path)
     again = _private(ctr_model(seed=1))
     again.load_weights(path)
@@ -150,7 +151,8 @@ def zero_gradient_model():
     ids = tf.keras.Input((3,), dtype=tf.int64)
     h = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(VOCAB, DIM, name="table")(ids))
     h = tf.keras.layers.Dense(128, kernel_initializer="zeros", bias_initializer="zeros", name="hidden")(h)
-    out = tf.keras.layers.Dense(1, kernel_initializer="zeros", name="out")(tf.stop_gradient(h) * 0.0)
+    cut = tf.keras.layers.Lambda(lambda t: tf.stop_gradient(t) * 0.0, name="cut")(h)  # a layer: either stack
+    out = tf.keras.layers.Dense(1, kernel_initializer="zeros", name="out")(cut)
     return tf.keras.Model(ids, out)
 
 
@@ -190,7 +192,7 @@ def test_custom_train_step_calling_apply_gradients_is_refused():
     ids = tf.keras.Input((3,), dtype=tf.int64)
     out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(VOCAB, DIM)(ids)))
     model = CustomStep(ids, out)
-    opt = DPOptimizer(build(dp()), learning_rate=0.1, expected_batch_size=B)
+    opt = dp_optimizer(build(dp()), learning_rate=0.1, expected_batch_size=B)
     opt.attach(model)
     model.compile(optimizer=opt)
     with pytest.raises(UnprivatizedUpdateError, match="custom train_step"):
@@ -201,7 +203,7 @@ def test_compile_with_dp_optimizer_under_mixed_float16_is_refused_not_silent():
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         model = ctr_model()
-        opt = DPOptimizer(build(dp()), learning_rate=0.1, expected_batch_size=B)
+        opt = dp_optimizer(build(dp()), learning_rate=0.1, expected_batch_size=B)
         opt.attach(model)
         model.compile(optimizer=opt, loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none"))
         with pytest.raises(UnprivatizedUpdateError, match="mixed_float16"):
@@ -229,8 +231,7 @@ def test_lazydp_checkpoints_during_fit_hold_no_pending_noise(tmp_path):
         def on_train_batch_end(self, batch, logs=None):
             seen.append(mech.has_pending())
 
-    path = str(tmp_path / "w")
-    checkpoint = tf.keras.callbacks.ModelCheckpoint(path, save_weights_only=True, save_freq=1)
+    checkpoint = tf.keras.callbacks.ModelCheckpoint(weights_path(tmp_path), save_weights_only=True, save_freq=1)
     private.fit(*data(), verbose=0, callbacks=[checkpoint, Probe()])
     assert seen == [False] * 4  # each per-batch save flushed first
     assert not mech.has_pending()
@@ -256,7 +257,7 @@ def test_regularizer_gradients_are_added_outside_clipping_the_same_in_fit_and_pr
             private = _private(model, dp(sigma=0.0, clip=1e-6), steps=1)
             private.fit(x, y, verbose=0)
         else:
-            opt = DPOptimizer(build(dp(sigma=0.0, clip=1e-6)), learning_rate=0.1, expected_batch_size=B)
+            opt = dp_optimizer(build(dp(sigma=0.0, clip=1e-6)), learning_rate=0.1, expected_batch_size=B)
             PrivateStep(model, tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none"), opt)(
                 x[:B], y[:B])
         results.append(kernel.numpy() - before)

@@ -9,8 +9,8 @@ layer exposes them:
   ``keras.Variable`` whose ``.value`` is the ``tf.Variable`` the tape sees
   (:func:`as_tf_variable`);
 * a tf-keras layer is a ``tf.Module`` and lists every layer below it as
-  ``submodules``; a Keras 3 model lists its layers as ``layers``
-  (:func:`sublayers`).
+  ``submodules``; a Keras 3 model lists its layers as ``layers``, and a
+  plain layer's inner layers are found in its attributes (:func:`sublayers`).
 
 Everything else (layer rules, clip, mechanisms) is shared, on ``tf.Variable``.
 
@@ -82,21 +82,41 @@ def tf_variables(weights) -> list[tf.Variable]:
 def sublayers(layer: Any) -> list:
     """Every Keras layer below ``layer`` (not itself), each once.
 
-    tf-keras: its ``submodules`` that are layers. Keras 3: the ``layers`` of
-    models, recursively (a plain layer's inner layers are not listed by
-    Keras 3's public API; a layer holding variables through them is covered
-    as a whole by the generic fallback).
+    tf-keras: its ``submodules`` that are layers (``tf.Module`` walks the
+    instance's attributes). Keras 3: the same walk, which Keras 3 layers do
+    not offer publicly: a model's ``layers``, and a plain layer's attributes
+    holding layers (directly or in lists, tuples and dicts), recursively, so a
+    ``DPEmbedding`` that a user's custom layer creates and calls is found.
+
+    Example: for ``Outer`` (a ``keras.layers.Layer`` whose ``__init__`` sets
+    ``self.table = DPEmbedding(...)``) in a model,
+    ``[l.name for l in sublayers(model)]`` lists ``outer`` and the table.
     """
     if isinstance(layer, tf.Module):
         return [m for m in layer.submodules if isinstance(m, tf.keras.layers.Layer)]
     found, seen = [], {id(layer)}
-    pending = list(layer.layers) if isinstance(layer, tf.keras.Model) else []
+    pending = _held_layers(layer)
     while pending:
         sub = pending.pop(0)
         if id(sub) in seen:
             continue
         seen.add(id(sub))
         found.append(sub)
-        if isinstance(sub, tf.keras.Model):
-            pending.extend(sub.layers)
+        pending.extend(_held_layers(sub))
+    return found
+
+
+def _held_layers(layer: Any) -> list:
+    """The layers a Keras 3 layer holds: a model's ``layers``, else those its attributes hold (in containers too)."""
+    if isinstance(layer, tf.keras.Model):
+        return list(layer.layers)
+    found, pending = [], list(vars(layer).values())
+    while pending:
+        value = pending.pop(0)
+        if isinstance(value, tf.keras.layers.Layer):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+        elif isinstance(value, dict):
+            pending.extend(value.values())
     return found

@@ -2,6 +2,8 @@
 
 The same entry point and helpers as tf-keras (:mod:`tests.test_make_private`,
 whose ``tf.keras`` is Keras 3 in this process); models built from ``keras.layers``.
+The hidden-bypass tests (a recompiled optimizer among them) are in
+:mod:`tests.keras3.test_bypass_keras3`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tests.test_make_private import (B, BCE, DIM, N, VOCAB, CustomStep, _ks_update, _private, data, dp,
-                                     independent_epsilon)
+                                     independent_epsilon, zero_gradient_model)
 from tfdp_sparse.keras import UnprivatizedUpdateError, make_private
 from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
 from tfdp_sparse.keras.private_model_keras3 import Keras3PrivateModel
@@ -26,15 +28,6 @@ def ctr_model(hidden_init="glorot_uniform") -> keras.Model:
     model = keras.Model(ids, keras.layers.Dense(1, name="out")(h))
     model(data()[0][:2])
     return model
-
-
-def zero_gradient_model() -> keras.Model:
-    """Loss gradients are exactly zero (the output sees ``0 * stop_gradient(h)``), so updates are pure noise."""
-    ids = keras.Input((3,), dtype="int64")
-    h = keras.layers.Flatten()(keras.layers.Embedding(VOCAB, DIM, name="table")(ids))
-    h = keras.layers.Dense(128, kernel_initializer="zeros", bias_initializer="zeros", name="hidden")(h)
-    out = keras.layers.Dense(1, kernel_initializer="zeros", name="out")(keras.ops.stop_gradient(h) * 0.0)
-    return keras.Model(ids, out)
 
 
 def test_epsilon_in_history_and_report_fields():
@@ -98,15 +91,6 @@ def test_apply_gradients_outside_the_private_step_is_refused():
     model.compile(optimizer=optimizer)
     with pytest.raises(UnprivatizedUpdateError, match="custom train_step"):
         model.fit(*data(), batch_size=B, epochs=1, verbose=0)
-
-
-def test_recompiled_with_another_optimizer_is_refused_at_fit():
-    private = _private(ctr_model())
-    with pytest.raises(ValueError, match="optimizer"):
-        private.compile(optimizer="adagrad")
-    keras.Model.compile(private, optimizer="adagrad")  # around make_private's compile
-    with pytest.raises(ValueError, match="not its DPOptimizer"):
-        private.fit(*data(), verbose=0)
 
 
 def test_lazydp_refuses_a_plain_keras_embedding_table_by_name():
@@ -184,7 +168,7 @@ def test_resuming_from_a_file_without_privacy_state_is_refused(tmp_path):
     path = str(tmp_path / "model.weights.h5")
     model.save_weights(path)
     private = _private(ctr_model())
-    with pytest.raises(ValueError, match="holds no privacy state .*epsilon would restart at 0"):
+    with pytest.raises(ValueError, match="no private training state beside it.*restart epsilon"):
         private.load_weights(path)
 
 

@@ -48,7 +48,8 @@ from typing import Iterator, Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping.registry import LayerRegistry
+from tfdp_sparse.clipping.coverage import own_variables
+from tfdp_sparse.clipping.registry import LayerRegistry, model_layers
 from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.clipping.taps import TapRecorder
 from tfdp_sparse.keras.attachment import ModelTaps
@@ -60,6 +61,26 @@ from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.optimizers import TableOptimizer, TableRule
 from tfdp_sparse.tables import table_refs
+
+
+def refuse_autocast_layers(model: tf.keras.Model) -> None:
+    """Raises ``ValueError`` naming the layers whose trainable weights Keras 3 would autocast (mixed precision).
+
+    Inside such a layer's call its weights read as cast tensors, not the
+    ``tf.Variable`` the clipping rules tap, so its variables would look
+    uncovered. tf-keras (``TF_USE_LEGACY_KERAS=1``) trains ``mixed_float16``
+    models privately. Example: a Dense built under ``mixed_float16`` (compute
+    float16, variables float32) is refused; a ``DPEmbedding`` (never autocast) is not.
+    """
+    autocast = [layer.name for layer in model_layers(model)
+                if layer.autocast and layer.dtype_policy.compute_dtype != layer.dtype_policy.variable_dtype
+                and own_variables(layer)]
+    if autocast:
+        raise ValueError(
+            f"layers {autocast} compute in another dtype than their variables (a mixed precision policy such as "
+            "mixed_float16): Keras 3 reads their weights as cast tensors, which per-example clipping cannot tap. "
+            "Build the model under keras.mixed_precision.set_global_policy('float32'), or train on tf-keras "
+            "(TF_USE_LEGACY_KERAS=1), where make_private trains mixed_float16 models privately.")
 
 
 class Keras3DPOptimizer(tf.keras.optimizers.SGD):
@@ -96,7 +117,12 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         mechanism.check_optimizer(self)  # LazyDP: plain SGD (no row-wise table rule), no momentum, a fixed B
 
     def attach(self, model: tf.keras.Model, registry: Optional[LayerRegistry] = None) -> TapRecorder:
-        """Gives ``model``'s layers their clipping rules and builds this optimizer's state for its variables."""
+        """Gives ``model``'s layers their clipping rules and builds this optimizer's state for its variables.
+
+        Layers whose weights Keras 3 autocasts (a ``mixed_float16`` policy) are refused by name
+        (:func:`refuse_autocast_layers`).
+        """
+        refuse_autocast_layers(model)
         recorder = self._taps.attach(model, registry)
         if model.trainable_variables:
             self.build(model.trainable_variables)
@@ -177,11 +203,17 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         finally:
             self._privatized_depth -= 1
 
-    def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        """Keras 3's update, only for gradients of the private step (:class:`UnprivatizedUpdateError` otherwise)."""
+    def apply(self, grads, trainable_variables=None):
+        """Keras 3's update, only for gradients of the private step (:class:`UnprivatizedUpdateError` otherwise).
+
+        ``apply`` is the one entry of every Keras 3 update: ``apply_gradients``
+        calls it, and so does a ``mixed_float16`` policy's ``LossScaleOptimizer``
+        (``model.compile`` wraps the optimizer in it), which never calls
+        ``apply_gradients`` of the optimizer it wraps.
+        """
         if self._privatized_depth <= 0:
             raise UnprivatizedUpdateError(BYPASS_MESSAGE)
-        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        return super().apply(grads, trainable_variables)
 
     def load_own_variables(self, store) -> None:
         """Keras 3's restore, refusing a checkpoint whose optimizer holds other variables.

@@ -14,19 +14,41 @@ Example::
 
 from __future__ import annotations
 
-import numpy as np
+import os
+
 import tensorflow as tf
 
 from tfdp_sparse.keras.private_model import PrivateModel
 
 
-#: The privacy state's entries in this wrapper's part of a Keras 3 weights file (it has no variables of its own).
-STATE_KEYS = ("private_steps", "private_examples", "privacy_unit")
+#: The suffix of the private training state written beside a Keras 3 weights file (a TensorFlow checkpoint).
+PRIVATE_STATE_SUFFIX = ".private"
+
+
+def private_state_path(filepath) -> str:
+    """Where :meth:`Keras3PrivateModel.save_weights` puts the private state of ``filepath`` (a checkpoint prefix).
+
+    Example: ``private_state_path("run/w.weights.h5")`` is ``"run/w.weights.h5.private"``.
+    """
+    return os.fspath(filepath) + PRIVATE_STATE_SUFFIX
+
+
+class MissingPrivateStateError(ValueError):
+    """A Keras 3 weights file without the private state beside it: a resume from it is refused."""
 
 
 class Keras3PrivateModel(PrivateModel):
-    """:class:`PrivateModel` on Keras 3: metrics through Keras 3's ``compute_metrics``, Keras 3's progress bar,
-    the privacy state in Keras 3 weights files."""
+    """:class:`PrivateModel` on Keras 3: metrics through Keras 3's ``compute_metrics``, Keras 3's progress bar;
+    resumable checkpoints.
+
+    Keras 3's ``save_weights`` (a ``.weights.h5`` file) stores Keras variables
+    only: the model's and the optimizer's step counter, not the privacy ledger
+    nor the mechanism (LazyDP's histories and step record, the noise
+    generator), which are TensorFlow state. :meth:`save_weights` writes those
+    beside it (:func:`private_state_path`) and :meth:`load_weights` restores
+    both, or refuses a weights file without them: a resume would otherwise
+    restart ε and misread LazyDP's record of owed noise.
+    """
 
     metrics = tf.keras.Model.metrics  # Keras 3 lists the loss tracker and the compiled metrics itself
 
@@ -36,33 +58,6 @@ class Keras3PrivateModel(PrivateModel):
         # model built only when it is called, which fit never does (train_step calls the wrapped model), and
         # refuses save_weights on an unbuilt model.
         self.built = True
-
-    def save_own_variables(self, store) -> None:
-        """Keras 3's save of this wrapper, with the privacy state: executed steps, examples and the privacy unit.
-
-        Keras 3 saves only Keras variables; the state's ``tf.Variable`` (which
-        the ledger is rebuilt from, as from a tf-keras checkpoint) are written
-        here, so a ``fit`` resumed from ``save_weights`` continues its ε.
-        """
-        super().save_own_variables(store)
-        store["private_steps"] = self.privacy_state.steps.numpy()
-        store["private_examples"] = self.privacy_state.examples.numpy()
-        store["privacy_unit"] = np.frombuffer(self.privacy_state.unit.numpy(), np.uint8)
-
-    def load_own_variables(self, store) -> None:
-        """Restores what :meth:`save_own_variables` wrote; refuses a file without the privacy state."""
-        keys = list(store.keys())
-        missing = [key for key in STATE_KEYS if key not in keys]
-        if missing:
-            raise ValueError(
-                f"this weights file holds no privacy state for the private model (missing {missing}): it was not "
-                "written by a private model's save_weights on Keras 3, so the steps it trained would not be "
-                "charged and epsilon would restart at 0. Resume from a file of private.save_weights(...); to "
-                "serve weights from another file, load them into the wrapped model (private.model.load_weights)")
-        super().load_own_variables({key: store[key] for key in keys if key not in STATE_KEYS})
-        self.privacy_state.steps.assign(int(np.asarray(store["private_steps"])))
-        self.privacy_state.examples.assign(int(np.asarray(store["private_examples"])))
-        self.privacy_state.unit.assign(np.asarray(store["privacy_unit"], np.uint8).tobytes().decode())
 
     def _progress_bar(self) -> tf.keras.callbacks.Callback:
         """Keras 3's progress bar (it counts steps; it has no ``count_mode``)."""
@@ -86,3 +81,26 @@ class Keras3PrivateModel(PrivateModel):
         loss = self._loss_tracker.result()
         results["loss"] = float(loss) if tf.executing_eagerly() else loss
         return results
+
+    def save_weights(self, filepath, *args, **kwargs):
+        """Keras 3's weights file (after LazyDP's flush and the ledger's sync), and the private state beside it."""
+        out = super().save_weights(filepath, *args, **kwargs)
+        self._private_state().write(private_state_path(filepath))
+        return out
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """Restores the weights and the private state written by :meth:`save_weights`; refuses a file without it."""
+        state = private_state_path(filepath)
+        if not tf.io.gfile.exists(state + ".index"):
+            raise MissingPrivateStateError(
+                f"{os.fspath(filepath)} has no private training state beside it ({state}): a Keras 3 weights file "
+                "holds neither the privacy ledger nor the mechanism's state (LazyDP's histories, the noise "
+                "generator), so resuming from it would restart epsilon and misread LazyDP's owed noise. Resume from "
+                "a file this private model's save_weights (or ModelCheckpoint(save_weights_only=True) on it) wrote, "
+                "or load the weights into the plain model and start a new private run.")
+        out = super().load_weights(filepath, *args, **kwargs)
+        self._private_state().read(state).assert_existing_objects_matched()
+        return out
+
+    def _private_state(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(privacy_state=self.privacy_state, mechanism=self.mechanism)

@@ -45,6 +45,29 @@ def scale(grad, factor):
     return grad * factor
 
 
+class UnrecordedLossError(ValueError):
+    """The per-example loss reaches no trainable variable through the tape: the step would apply noise only."""
+
+
+def check_recorded(grads: Sequence, variables: Sequence[tf.Variable]) -> None:
+    """Raises :class:`UnrecordedLossError` when no variable has a gradient (the tape recorded nothing of the loss).
+
+    A loss computed outside ``with tf.GradientTape() as tape:`` (or from a
+    model called outside it) has no gradient to any variable: every rule
+    would noise zeros (DP-SGD) or skip the tables (EANA, LazyDP defer), and
+    the step would train nothing, silently. A model whose loss depends on
+    some variables only (a table read under ``tf.stop_gradient``) passes.
+    Example: ``check_recorded([None, None], [kernel, bias])`` raises.
+    """
+    if variables and all(g is None for g in grads):
+        raise UnrecordedLossError(
+            f"the per-example loss has no gradient to any of the {len(variables)} trainable variables: the tape "
+            "passed to the private step recorded neither the model's forward pass nor the loss, so the step would "
+            "apply noise without any gradient. Compute both inside the tape's context: "
+            "`with tf.GradientTape() as tape: losses = per_example_loss(y, model(x, training=True))`, then call "
+            "private_step(losses, model.trainable_variables, tape) (or use PrivateStep / make_private, which do).")
+
+
 @dataclasses.dataclass(frozen=True)
 class PrivateUpdate:
     """One step's privatized update.
@@ -89,6 +112,7 @@ def private_update(mechanism: Mechanism, expected_batch_size: Optional[int], per
     ``(sum_i g_i / 2, v)``, i.e. the plain mean gradient.
     """
     clipped = clip_gradients(per_example_loss, tape, variables, recorded, mechanism.l2_norm_clip, users=users)
+    check_recorded(clipped.grads, variables)
     # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
     # map uses them; unused, their ops are pruned from the traced step).
     noised = mechanism.privatize(clipped.grads, variables, clipped.is_table, lookups=clipped.lookups,

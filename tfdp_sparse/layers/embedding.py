@@ -56,7 +56,7 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping import taps
 from tfdp_sparse.distribute.shards import is_sharded, locate_rows
-from tfdp_sparse.keras_stack import as_tf_variable, sublayers
+from tfdp_sparse.keras_stack import as_tf_variable, is_keras_3, sublayers
 from tfdp_sparse.layers.read_hooks import ReadHook, ReadHooks  # noqa: F401 (ReadHook re-exported)
 
 _COMBINERS = ("sum", "mean")
@@ -115,6 +115,9 @@ class DPEmbedding(tf.keras.layers.Layer):
             shape=(self.vocab_size, self.dim),
             initializer=self.embeddings_initializer,
             trainable=True,
+            # Keras 3: rows are read as stored (as keras.layers.Embedding does); an autocast read is a cast
+            # tensor, not the tf.Variable the read hooks and the tape need.
+            **({"autocast": False} if is_keras_3() else {}),
         )
         super().build(input_shape)
 
@@ -254,6 +257,8 @@ class DPEmbedding(tf.keras.layers.Layer):
                     )
                 )
         valid = ids >= 0
+        if self.table is None:
+            return ids, self._placeholder_rows(ids, valid)
         if is_sharded(self.table):
             return ids, self._sharded_read(ids, valid, checks, training)
         safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
@@ -262,6 +267,19 @@ class DPEmbedding(tf.keras.layers.Layer):
         with tf.control_dependencies(checks):
             rows = tf.nn.embedding_lookup(self.table, safe_ids)  # ResourceGather [B, L, d]
         return ids, rows
+
+    def _placeholder_rows(self, ids: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
+        """Rows of the weight's placeholder value: Keras 3's shape inference of a layer that builds this one.
+
+        A user's layer that creates this table and calls it is traced by Keras 3
+        in a stateless scope, where the new weight has no ``tf.Variable`` yet,
+        only its initial value; no row is read and no hook runs. Anywhere else
+        (eager, a training step) a missing variable is an error.
+        """
+        if tf.executing_eagerly():
+            raise RuntimeError(f"{self.name}: the table has no tf.Variable outside Keras 3's shape inference")
+        values = tf.convert_to_tensor(self.embeddings)
+        return tf.gather(values, tf.where(valid, ids, tf.zeros_like(ids)))
 
     def _sharded_read(self, ids: tf.Tensor, valid: tf.Tensor, checks: list, training) -> tf.Tensor:
         """Rows ``[..., d]`` of ``ids`` from a sharded table: each unique valid row read once, in id order.

@@ -25,7 +25,7 @@ def layers_of(model) -> list:
     """``model`` and every ``tf.Module`` (tf-keras) or Keras layer (Keras 3) below it; empty for anything else.
 
     A Keras 3 layer is no ``tf.Module``: its layers come from
-    :func:`tfdp_sparse.keras_stack.sublayers` (the ``layers`` of models, recursively).
+    :func:`tfdp_sparse.keras_stack.sublayers` (models' ``layers`` and layers held in attributes, recursively).
     """
     if isinstance(model, tf.Module):
         return [model] + [m for m in model.submodules if isinstance(m, tf.Module)]

@@ -56,7 +56,7 @@ def refuse_unsupported_on_keras_3(plan: Plan, **options) -> None:
 
     By option name, before the rule is built. Every mechanism runs on Keras 3 (``plan`` is checked by its
     rule: LazyDP's ``bind_model`` refuses tables it cannot hook, a plain ``keras.layers.Embedding``, by name;
-    DP-FEST on keras-rs tables is refused by :mod:`tfdp_sparse.keras.keras_rs_support`).
+    keras-rs tables are hooked by :mod:`tfdp_sparse.keras.keras_rs_support` for every mechanism).
     Example: ``refuse_unsupported_on_keras_3(plan, table_optimizer=TableAdagrad(0.1))`` raises, naming it.
     """
     del plan  # every plan's rule runs on Keras 3

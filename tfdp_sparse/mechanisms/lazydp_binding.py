@@ -134,7 +134,7 @@ class LazyBinding:
         model compiled with an optimizer other than this mechanism's SGD.
         """
         from tfdp_sparse.layers.embedding import DPEmbedding  # layers import clipping only
-        from tfdp_sparse.layers.read_hooks import hooked_tables_of
+        from tfdp_sparse.layers.read_hooks import hooked_table_name, hooked_tables_of
 
         layers = binding.layers_of(model)
         if not layers:
@@ -153,7 +153,7 @@ class LazyBinding:
             if hooked is not None:
                 found = True
                 for name, table in hooked.tables().items():
-                    self._bind_table(table, f"{layer.name}_{name}", layer.trainable, hooked.hooks(name))
+                    self._bind_table(table, hooked_table_name(layer, name), layer.trainable, hooked.hooks(name))
             if isinstance(layer, DPEmbedding):
                 found = True
                 self._bind_layer(layer)

@@ -8,10 +8,11 @@
   whose gradient is far above C.
 * Updates are sparse (EANA, DP-AdaFEST): rows no example looks up stay unchanged.
 * DP-SGD's noise reaches a keras-rs table with the reported σ (KS, ±1/3 rejected).
-* Refused by name: SparseCore placement / gradient trap, DP-FEST (LazyDP trains these
-  tables: :mod:`tests.keras3.test_lazydp_keras_rs`),
+* Refused by name: SparseCore placement / gradient trap,
   ragged and preprocessed inputs, out-of-range ids, a table also read outside
-  its lookups (tied weights).
+  its lookups (tied weights). No mechanism is refused: LazyDP
+  (:mod:`tests.keras3.test_lazydp_keras_rs`), DP-FEST and DP-AdaFEST+
+  (:mod:`tests.keras3.test_dpfest_keras_rs`) train these tables through their read hooks.
 """
 
 from __future__ import annotations
@@ -29,10 +30,8 @@ from tfdp_sparse.clipping.clip import clip_gradients
 from tfdp_sparse.clipping.coverage import UnsupportedLayerError
 from tfdp_sparse.clipping.registry import attach_taps, keras_3_registry
 from tfdp_sparse.clipping.taps import EmbeddingTap
-from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
-from tfdp_sparse.keras.keras_rs_support import refuse_unsupported_on_keras_rs
 from tfdp_sparse.keras_stack import tf_variables
 
 N, B, STEPS, SEED = 64, 16, 3, 7
@@ -205,29 +204,6 @@ def test_sparsecore_placement_off_tpu_is_refused_by_keras_rs_itself():
     """Off TPU a SparseCore table cannot even be built: the CPU fallback is the only placement here."""
     with pytest.raises(ValueError, match="not running under a TPU strategy"):
         keras_rs.layers.DistributedEmbedding(m.feature_configs(placement="sparsecore"))
-
-
-DPFEST = (("k", 8), ("kept_ids", (tuple(range(0, m.V1, 4)), tuple(range(0, m.V2, 3)))))
-
-
-def test_dpfest_is_refused_by_name():
-    """``make_private`` refuses it (DP-FEST does not see the tables inside a DistributedEmbedding)."""
-    with pytest.raises(ValueError,
-                       match="DP-FEST is not supported on keras-rs|not seen by bind_model|no embedding table"):
-        _train(m.keras_rs_model(), "dpfest", extra=DPFEST)
-
-
-@pytest.mark.parametrize("algorithm,extra,refused", [
-    ("dpfest", DPFEST, "DP-FEST is not supported on keras-rs DistributedEmbedding tables \\('rs'\\)"),
-    ("lazydp", (), None), ("dpsgd", (), None), ("eana", (), None), ("adafest", ALGORITHMS["adafest"], None)])
-def test_the_keras_rs_mechanism_check_names_the_mechanism_and_the_reason(algorithm, extra, refused):
-    plan = mechanisms.plan(PrivacyConfig(algorithm=algorithm, noise_multiplier=1.0, l2_norm_clip=1.0, extra=extra))
-    refuse_unsupported_on_keras_rs(plan, m.reference_model())  # no keras-rs layer: nothing to refuse
-    if refused is None:
-        refuse_unsupported_on_keras_rs(plan, m.keras_rs_model())
-        return
-    with pytest.raises(ValueError, match=refused):
-        refuse_unsupported_on_keras_rs(plan, m.keras_rs_model())
 
 
 def test_ragged_inputs_are_refused_by_name():

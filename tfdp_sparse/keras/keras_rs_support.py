@@ -1,33 +1,35 @@
-"""keras-rs ``DistributedEmbedding`` tables (Keras 3): their read hooks, and the one mechanism refused on them.
+"""keras-rs ``DistributedEmbedding`` tables (Keras 3): their read hooks, through which mechanisms bind them.
 
 The tables' clipping rule (:mod:`tfdp_sparse.clipping.keras_rs_embedding`)
 hands their clipped gradients to the mechanism like any other table's, so
 DP-SGD, EANA and DP-AdaFEST train them (``tests/keras3/test_keras_rs_embedding.py``).
+Mechanisms that bind a model's tables find keras-rs tables through
+:func:`hook_keras_rs_tables`, which gives each ``DistributedEmbedding`` read
+hooks for its default-device tables (:func:`tfdp_sparse.layers.read_hooks.hook_tables`;
+a table is named ``"<layer>_<table>"``, :func:`~tfdp_sparse.layers.read_hooks.hooked_table_name`):
 
 * LazyDP defers each row's noise and adds what the row owes when it is
-  *read*. keras-rs reads its tables inside its own layer, so
-  :func:`hook_keras_rs_tables` gives each ``DistributedEmbedding`` read hooks
-  for its default-device tables (:func:`tfdp_sparse.layers.read_hooks.hook_tables`):
-  LazyDP's ``bind_model`` registers its catch-up there, the layer's rule
+  *read*. keras-rs reads its tables inside its own layer, so LazyDP's
+  ``bind_model`` registers its catch-up on the hooks, the layer's rule
   runs it before each feature's gather in the private step, and runs the
   inference hooks (a flush) before the layer's own ``call`` reads outside
   training and before the layer's variables are saved
-  (``tests/keras3/test_lazydp_keras_rs.py``). SparseCore tables are refused
-  by the rule (their reads happen in the TPU embedding engine).
-* DP-FEST binds its kept buckets to the model's tables by layer
-  (``bind_model``), which does not see the tables inside a
-  ``DistributedEmbedding``. Refused by :func:`refuse_unsupported_on_keras_rs`.
+  (``tests/keras3/test_lazydp_keras_rs.py``).
+* DP-FEST (and DP-AdaFEST+'s preselection) binds one kept set per hooked
+  table (:func:`tfdp_sparse.mechanisms.tables.embedding_tables`); its lazy
+  variant (``kept_noise=lazy``) also registers LazyDP's catch-up on the
+  hooks (``tests/keras3/test_dpfest_keras_rs.py``).
 
-The Keras 3 adapter calls :func:`refuse_unsupported_on_keras_rs`, then
-:func:`hook_keras_rs_tables`, before the mechanism is bound. This module
-imports keras-rs: import it only under Keras 3 with keras-rs installed
+SparseCore tables are refused by the rule (their reads happen in the TPU
+embedding engine). The Keras 3 adapter calls :func:`hook_keras_rs_tables`
+before the mechanism is bound. This module imports keras-rs: import it only
+under Keras 3 with keras-rs installed
 (``is_keras_3() and importlib.util.find_spec("keras_rs")``).
 
 Example::
 
-    refuse_unsupported_on_keras_rs(mechanisms.plan(PrivacyConfig(algorithm="dpfest", ...)), model)
-    # ValueError: DP-FEST is not supported on keras-rs DistributedEmbedding tables ('rs'): ...
     hook_keras_rs_tables(model)          # then LazyDP.of(1.0, 1.0).bind_model(model) binds tables t1, t2
+    DPFEST.of(1.0, 1.0, kept_ids=[ids_t1, ids_t2]).bind_model(model)   # features "rs_t1", "rs_t2"
 """
 
 from __future__ import annotations
@@ -37,27 +39,11 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping.registry import model_layers
 from tfdp_sparse.layers.read_hooks import HookedTables, hook_tables
-from tfdp_sparse.mechanisms.plans.base import Plan
-from tfdp_sparse.mechanisms.plans.dpfest import DPFESTPlan
-
-#: Why DP-FEST cannot train keras-rs tables.
-DPFEST_KERAS_RS = (
-    "DP-FEST is not supported on keras-rs DistributedEmbedding tables ({layers}): it binds its kept buckets to the "
-    "model's embedding layers, and the tables inside a DistributedEmbedding are not among them. Use DP-SGD, EANA, "
-    "DP-AdaFEST or LazyDP for these tables"
-)
 
 
 def keras_rs_layers(model) -> list:
     """The ``keras_rs.layers.DistributedEmbedding`` layers of ``model`` (itself included), in layer order."""
     return [layer for layer in model_layers(model) if isinstance(layer, keras_rs.layers.DistributedEmbedding)]
-
-
-def refuse_unsupported_on_keras_rs(plan: Plan, model) -> None:
-    """``ValueError`` naming the mechanism and the layers when ``plan`` cannot train ``model``'s keras-rs tables."""
-    names = [layer.name for layer in keras_rs_layers(model)]
-    if names and isinstance(plan, DPFESTPlan):
-        raise ValueError(DPFEST_KERAS_RS.format(layers=", ".join(map(repr, names))))
 
 
 def hook_keras_rs_tables(model) -> list[HookedTables]:

@@ -242,14 +242,9 @@ def _optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: Setup
 
 def _keras_3_optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: SetupOptions,
                        mechanism: Optional[Mechanism]):
-    """The Keras 3 stack's optimizer (what keras-rs tables do not cover is refused before the rule is built)."""
+    """The Keras 3 stack's optimizer (keras-rs tables were given read hooks by :func:`prepare_private`)."""
     from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
 
-    if importlib.util.find_spec("keras_rs") is not None:  # keras-rs tables: DP-FEST refused, read hooks for LazyDP
-        from tfdp_sparse.keras.keras_rs_support import hook_keras_rs_tables, refuse_unsupported_on_keras_rs
-
-        refuse_unsupported_on_keras_rs(resolved.plan, model)
-        hook_keras_rs_tables(model)
     mechanism = mechanism if mechanism is not None else mechanisms_lib.build_rule(resolved.plan, options.noise_seed)
     mechanism.bind_model(model)
     return Keras3DPOptimizer(mechanism, learning_rate=shape.learning_rate, expected_batch_size=shape.batch_size,
@@ -289,6 +284,10 @@ def prepare_private(model: tf.keras.Model, privacy: PrivacyConfig, shape: RunSha
     """
     if not isinstance(privacy, PrivacyConfig):
         raise TypeError(f"privacy must be a PrivacyConfig, got {type(privacy).__name__}")
+    if is_keras_3() and importlib.util.find_spec("keras_rs") is not None:  # before calibration reads the tables
+        from tfdp_sparse.keras.keras_rs_support import hook_keras_rs_tables
+
+        hook_keras_rs_tables(model)  # keras-rs tables: read hooks, bound by the mechanism (LazyDP, DP-FEST)
     resolved = resolve_privacy(privacy, shape, model, options, None if mechanism is None else mechanism.plan)
     optimizer = _optimizer(resolved, shape, model, options, mechanism)
     if options.attach:

@@ -149,6 +149,14 @@ class HookedTables:
         return ops
 
 
+def hooked_table_name(layer, name: str) -> str:
+    """How mechanisms name table ``name`` of hooked ``layer`` (histories, kept sets, ``feature_names``).
+
+    Example: ``hooked_table_name(model.get_layer("rs"), "t1")`` is ``"rs_t1"``.
+    """
+    return f"{layer.name}_{name}"
+
+
 def hooked_tables_of(layer) -> Optional[HookedTables]:
     """The :class:`HookedTables` :func:`hook_tables` gave ``layer``, else ``None``."""
     return vars(layer).get(_HOOKED)

@@ -6,7 +6,8 @@ holds the state: kept ids in non-trainable int64 variables (sorted), so a
 checkpoint carries the selection and a resumed run restores it (a second
 private selection is refused: it would spend its budget twice). Call
 ``bind_model(model)`` before restoring. Feature ``f`` is the ``f``-th table
-in ``model.trainable_variables`` order, or the layer ``feature_names[f]``.
+in ``model.trainable_variables`` order, or the table named ``feature_names[f]``
+(an embedding layer's name; a hooked keras-rs table's ``"<layer>_<table>"``).
 
 Example::
 
@@ -179,10 +180,16 @@ class BucketSelection(tf.Module):
     # -- binding ---------------------------------------------------------------
 
     def bind_model(self, model) -> None:
-        """Maps the model's embedding tables to features and creates the kept-id variables."""
+        """Maps the model's embedding tables to features and creates the kept-id variables.
+
+        The tables: :func:`~tfdp_sparse.mechanisms.tables.embedding_tables` (embedding layers, named by
+        layer, and hooked tables such as keras-rs ``DistributedEmbedding``'s, named ``"rs_t1"``).
+        """
         tables = embedding_tables(model)
         if not tables:
-            raise ValueError("bind_model: the model has no embedding table (a layer with an `embeddings` variable)")
+            raise ValueError("bind_model: the model has no embedding table (a layer with an `embeddings` variable, "
+                             "or a hooked table: keras-rs DistributedEmbedding tables are hooked by make_private, or "
+                             "call tfdp_sparse.keras.keras_rs_support.hook_keras_rs_tables(model) first)")
         binding = _Binding()
         if self._feature_names is not None:
             by_name = {name: (var, name) for var, name in tables}

@@ -39,9 +39,12 @@ Tables and features. Feature ``f`` is the ``f``-th embedding table in the
 order the tables appear among the variables given to ``privatize`` (the
 ``is_table`` ones, i.e. ``model.trainable_variables`` order). Trainers may
 call ``bind_model(model)`` first: it finds the embedding layers (any layer
-with an ``embeddings`` variable, e.g. ``DPEmbedding``), records their sizes
-and, with the ``feature_names`` knob (layer names in feature order), maps
-tables to features by layer name instead of position.
+with an ``embeddings`` variable, e.g. ``DPEmbedding``) and the hooked tables
+of layers that read their tables themselves (keras-rs ``DistributedEmbedding``,
+hooked by the Keras 3 adapter: :mod:`tfdp_sparse.layers.read_hooks`), records
+their sizes and, with the ``feature_names`` knob (table names in feature
+order: the layer's name, ``"<layer>_<table>"`` for a hooked table), maps
+tables to features by name instead of position.
 
 The kept ids live in non-trainable int64 variables of this module (sorted),
 so a checkpoint carries the selection: a resumed run must restore it rather

@@ -15,7 +15,8 @@ read (or flushed, or exported):
 Rows outside the kept set never change (as in eager DP-FEST) and never owe
 noise: their history holds :data:`~.lazydp_sharded.NEVER_OWES`, written once,
 on the first step (or flush) after the kept sets exist. Everything else is
-LazyDP's machinery, unchanged: the read hooks on ``DPEmbedding``, the
+LazyDP's machinery, unchanged: the read hooks on ``DPEmbedding`` and on
+hooked tables (keras-rs ``DistributedEmbedding``, :mod:`tfdp_sparse.layers.read_hooks`), the
 inference-read flush, the SavedModel and export refusals
 (:func:`tfdp_sparse.export.ensure_no_pending_noise`), the Keras callbacks
 (:mod:`tfdp_sparse.keras.lazy`), the server-side catch-up on parameter
@@ -26,7 +27,7 @@ kept rows only.
 The output has eager DP-FEST's distribution when the tables are trained by
 plain SGD at the optimizer's rates (any schedule), so the same requirements
 as LazyDP are checked: plain SGD, a fixed ``expected_batch_size``, tables read
-through ``DPEmbedding``. Accounting is DP-FEST's (:mod:`.plans.dpfest`).
+through ``DPEmbedding`` or hooked (keras-rs ``DistributedEmbedding``). Accounting is DP-FEST's (:mod:`.plans.dpfest`).
 
 Example::
 
@@ -77,7 +78,8 @@ class LazyDPFEST(DPFESTRule, LazyDP):
     def _bind_keras_embedding(self, layer) -> None:
         raise ValueError(
             f"layer {layer.name!r} is a tf.keras.layers.Embedding: DP-FEST with kept_noise=lazy catches kept "
-            "rows up when they are read, which only tfdp_sparse.layers.DPEmbedding reports. Use DPEmbedding, "
+            "rows up when they are read, which only tfdp_sparse.layers.DPEmbedding and hooked tables (keras-rs) "
+            "report. Use DPEmbedding, "
             "or kept_noise=eager (every kept row noised at every step)"
         )
 

@@ -134,7 +134,7 @@ class LazyBinding:
         model compiled with an optimizer other than this mechanism's SGD.
         """
         from tfdp_sparse.layers.embedding import DPEmbedding  # layers import clipping only
-        from tfdp_sparse.layers.read_hooks import hooked_tables_of
+        from tfdp_sparse.layers.read_hooks import hooked_table_name, hooked_tables_of
 
         layers = binding.layers_of(model)
         if not layers:
@@ -148,17 +148,18 @@ class LazyBinding:
                 "cannot reproduce)"
             )
         found = False
-        for layer in layers:
+        for layer in layers:  # hooked tables first: the layers holding them may hold Keras Embeddings too
             hooked = hooked_tables_of(layer)
             if hooked is not None:
                 found = True
                 for name, table in hooked.tables().items():
-                    self._bind_table(table, f"{layer.name}_{name}", layer.trainable, hooked.hooks(name))
+                    self._bind_table(table, hooked_table_name(layer, name), layer.trainable, hooked.hooks(name))
+        for layer in layers:
             if isinstance(layer, DPEmbedding):
                 found = True
                 self._bind_layer(layer)
-            elif isinstance(layer, tf.keras.layers.Embedding):
-                found = True
+            elif isinstance(layer, tf.keras.layers.Embedding) and not self._is_bound(layer.embeddings):
+                found = True  # (keras-rs keeps each default-device table in a Keras Embedding: bound above)
                 self._bind_keras_embedding(layer)
         if not found:
             raise ValueError(
@@ -168,6 +169,10 @@ class LazyBinding:
                 "tfdp_sparse.keras.keras_rs_support.hook_keras_rs_tables(model) before bind_model)"
             )
         self._tables.bound = True
+
+    def _is_bound(self, variable) -> bool:
+        """Whether ``variable`` (a Keras or ``tf.Variable``) is one of the tables bound so far."""
+        return variable is not None and variable_key(as_tf_variable(variable)) in self._tables.index
 
     def _bind_layer(self, layer) -> None:
         if not layer.built or getattr(layer, "embeddings", None) is None:

@@ -119,3 +119,25 @@ def data(n: int, seed: int = 0) -> tuple[dict, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = {"a": rng.integers(0, V1, (n, 3)), "b": rng.integers(0, V1, (n, 2)), "c": rng.integers(0, V2, (n, 2))}
     return x, rng.integers(0, 2, (n, 1)).astype(np.float32)
+
+
+def tables(model: keras.Model) -> list:
+    """The ``tf.Variable`` of tables t1, t2 of :func:`keras_rs_model` or :func:`dp_embedding_reference_model`."""
+    if "rs" in [layer.name for layer in model.layers]:
+        found = model.get_layer("rs").get_embedding_tables()
+        return [found["t1"], found["t2"]]
+    return [model.t1.table, model.t2.table]
+
+
+class Snapshots(keras.callbacks.Callback):
+    """After every training batch: the raw tables and, for a lazy rule (``lazy``), its histories."""
+
+    def __init__(self, mechanism, tables: list, lazy: bool = True):
+        super().__init__()
+        self._mechanism, self._tables, self._lazy = mechanism, tables, lazy
+        self.tables, self.histories = [], []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.tables.append([t.numpy() for t in self._tables])
+        if self._lazy:
+            self.histories.append([self._mechanism.history_table(t).numpy() for t in self._tables])

@@ -23,7 +23,9 @@ from tests.keras3 import keras_rs_models as m
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
 from tfdp_sparse.keras.keras_rs_support import hook_keras_rs_tables
+from tfdp_sparse import mechanisms
 from tfdp_sparse.mechanisms.dpfest import DPFEST
+from tfdp_sparse.mechanisms.tables import embedding_tables
 
 N, B, STEPS, SEED, LR = 64, 8, 5, 7, 0.5
 BCE = keras.losses.BinaryCrossentropy(from_logits=True)
@@ -49,33 +51,11 @@ def _pair() -> tuple[keras.Model, keras.Model]:
     return model, reference
 
 
-def _tables(model: keras.Model) -> list:
-    """The ``tf.Variable`` of tables t1, t2 (either model)."""
-    if "rs" in [layer.name for layer in model.layers]:
-        tables = model.get_layer("rs").get_embedding_tables()
-        return [tables["t1"], tables["t2"]]
-    return [model.t1.table, model.t2.table]
-
-
-class _Snapshots(keras.callbacks.Callback):
-    """After every training batch: the raw tables and, for a lazy rule, its histories."""
-
-    def __init__(self, mechanism, tables, lazy: bool):
-        super().__init__()
-        self._mechanism, self._tables, self._lazy = mechanism, tables, lazy
-        self.tables, self.histories = [], []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.tables.append([t.numpy() for t in self._tables])
-        if self._lazy:
-            self.histories.append([self._mechanism.history_table(t).numpy() for t in self._tables])
-
-
 def _train(model: keras.Model, name: str, x, y):
     private = make_private(model, _privacy(name), num_examples=N, batch_size=B, steps=STEPS, learning_rate=LR,
                            loss=BCE, noise_seed=SEED)
     private.compile()
-    snapshots = _Snapshots(private.mechanism, _tables(model), lazy=name == "dpfest_lazy")
+    snapshots = m.Snapshots(private.mechanism, m.tables(model), lazy=name == "dpfest_lazy")
     private.fit(x, y, verbose=0, callbacks=[snapshots])
     return private, snapshots
 
@@ -83,7 +63,7 @@ def _train(model: keras.Model, name: str, x, y):
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_steps_equal_the_dp_embedding_model(name):
     model, reference = _pair()
-    start = [t.numpy() for t in _tables(model)]
+    start = [t.numpy() for t in m.tables(model)]
     x, y = m.data(N, seed=3)
     private, got = _train(model, name, x, y)
     _, expected = _train(reference, name, x, y)
@@ -98,7 +78,7 @@ def test_steps_equal_the_dp_embedding_model(name):
         np.testing.assert_allclose(g.numpy(), e.numpy(), atol=1e-6, rtol=0, err_msg=f"{name}: {g.path}")
     # The premises: the selection bound the keras-rs tables; only kept rows moved, and (eager, lazy) all did.
     assert [info.name for info in private.mechanism.selection.table_infos()] == ["rs_t1", "rs_t2"]
-    for final, first, kept in zip([t.numpy() for t in _tables(model)], start, KEPT):
+    for final, first, kept in zip([t.numpy() for t in m.tables(model)], start, KEPT):
         moved = np.flatnonzero(np.abs(final - first).max(axis=1) > 0)
         assert set(moved) <= set(kept), (name, sorted(set(moved) - set(kept)))
         if name != "adafest_plus":  # DP-FEST noises every kept row at every step
@@ -131,10 +111,16 @@ def test_feature_names_name_the_keras_rs_tables():
         DPFEST.of(1.0, 1.0, kept_ids=KEPT, feature_names=("t1", "rs_t2"), seed=0).bind_model(model)
 
 
-def test_binding_unhooked_keras_rs_tables_names_the_fix():
-    """Without ``make_private`` (which hooks the tables), ``bind_model`` sees no table and says how to hook them."""
-    with pytest.raises(ValueError, match="no embedding table.*hook_keras_rs_tables"):
-        DPFEST.of(1.0, 1.0, kept_ids=KEPT, seed=0).bind_model(m.keras_rs_model())
+def test_binding_unhooked_keras_rs_tables():
+    """Without ``make_private``'s hooks: eager DP-FEST binds the Keras ``Embedding`` layers keras-rs keeps its
+    default-device tables in (the same variables, named by layer); lazy DP-FEST refuses them (no read hooks)."""
+    model = m.keras_rs_model()
+    DPFEST.of(1.0, 1.0, kept_ids=KEPT, seed=0).bind_model(model)
+    assert [(t.ref(), name) for t, name in embedding_tables(model)] == [(t.ref(), n) for t, n in
+                                                                          zip(m.tables(model), ("t1", "t2"))]
+    lazy = mechanisms.build(_privacy("dpfest_lazy"), seed=0)
+    with pytest.raises(ValueError, match="kept_noise=lazy catches kept rows up when they are read"):
+        lazy.bind_model(m.keras_rs_model())
 
 
 def _calibrated_sigma(model: keras.Model, extra: tuple) -> float:

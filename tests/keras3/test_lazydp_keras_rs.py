@@ -62,37 +62,16 @@ def _private(model: keras.Model, steps: int = STEPS):
     return private
 
 
-def _tables(model: keras.Model) -> list:
-    """The ``tf.Variable`` of tables t1, t2 (either model)."""
-    if "rs" in [layer.name for layer in model.layers]:
-        tables = model.get_layer("rs").get_embedding_tables()
-        return [tables["t1"], tables["t2"]]
-    return [model.t1.table, model.t2.table]
-
-
-class _Snapshots(keras.callbacks.Callback):
-    """After every training batch: the raw tables (pending noise not applied) and LazyDP's histories."""
-
-    def __init__(self, mechanism, tables):
-        super().__init__()
-        self._mechanism, self._tables = mechanism, tables
-        self.tables, self.histories = [], []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.tables.append([t.numpy() for t in self._tables])
-        self.histories.append([self._mechanism.history_table(t).numpy() for t in self._tables])
-
-
 def _train_with_snapshots(model: keras.Model, x, y):
     private = _private(model)
-    snapshots = _Snapshots(private.mechanism, _tables(model))
+    snapshots = m.Snapshots(private.mechanism, m.tables(model))
     private.fit(x, y, verbose=0, callbacks=[snapshots])
     return private, snapshots
 
 
 def test_lazydp_steps_equal_the_dp_embedding_model_between_steps_and_after_the_flush():
     model, reference = _pair()
-    start = [t.numpy() for t in _tables(model)]
+    start = [t.numpy() for t in m.tables(model)]
     x, y = _skewed_data(N)
     private, got = _train_with_snapshots(model, x, y)
     _, expected = _train_with_snapshots(reference, x, y)
@@ -113,7 +92,7 @@ def test_lazydp_steps_equal_the_dp_embedding_model_between_steps_and_after_the_f
     caught_up = [(s, r) for s in range(1, STEPS) for r in range(m.V1)
                  if t1_history[s, r] == s + 1 and t1_history[s - 1, r] <= s - 3]
     assert caught_up, "no row of t1 was read after three or more unread steps"
-    for final, first in zip([t.numpy() for t in _tables(model)], start):
+    for final, first in zip([t.numpy() for t in m.tables(model)], start):
         assert (np.abs(final - first).max(axis=1) > 0).all()  # every row got noise (flushed)
 
 
@@ -136,7 +115,7 @@ def _fit_with(private, probe) -> None:
 
 def _owing_inputs(private, model) -> dict:
     """Inputs reading rows of t1 and t2 that owe noise now."""
-    t1, t2 = _tables(model)
+    t1, t2 = m.tables(model)
     k = int(private.mechanism.completed_steps.numpy())
     owing = [np.flatnonzero(private.mechanism.history_table(t).numpy() < k) for t in (t1, t2)]
     assert owing[0].size and owing[1].size, "nothing owes noise after the first step"
@@ -182,7 +161,7 @@ def test_saving_with_pending_noise_writes_flushed_tables(tmp_path, how):
             loaded = m.keras_rs_model()
             (loaded if how == "model.save_weights" else _private(loaded)).load_weights(path)
         seen["pending_after"] = private.mechanism.has_pending()
-        seen["stored"] = all(np.array_equal(s.numpy(), t.numpy()) for s, t in zip(_tables(loaded), _tables(model)))
+        seen["stored"] = all(np.array_equal(s.numpy(), t.numpy()) for s, t in zip(m.tables(loaded), m.tables(model)))
 
     _fit_with(private, probe)
     assert seen == dict(pending_before=True, pending_after=False, stored=True)

@@ -146,22 +146,6 @@ def test_dense_optimizer_moves_dense_variables_and_tables_keep_sgd():
     assert moved.max() == pytest.approx(0.01, rel=1e-3) and moved.max() <= 0.01 * (1 + 1e-5)  # |g|/(|g|+eps) <= 1
 
 
-def test_resumed_fit_continues_epsilon(tmp_path):
-    """``save_weights`` / ``load_weights`` carry the executed steps: the resumed ``fit`` charges all of them."""
-    x, y = data()
-    first = _private(ctr_model())
-    first.fit(x, y, verbose=0)
-    path = str(tmp_path / "private.weights.h5")
-    first.save_weights(path)
-    again = _private(ctr_model())
-    again.load_weights(path)
-    again.fit(x, y, verbose=0)
-    spe = round(N / B)
-    report = again.report()
-    assert report["steps"] == 2 * spe
-    assert report["epsilon"] == pytest.approx(independent_epsilon(1.0, 2 * spe, report["delta"]), rel=1e-6)
-
-
 def test_resuming_from_a_file_without_privacy_state_is_refused(tmp_path):
     """The wrapped model's own weights file has no step count: resuming from it would restart ε at 0."""
     model = ctr_model()

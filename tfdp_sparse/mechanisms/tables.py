@@ -33,8 +33,10 @@ def embedding_tables(model) -> list[tuple[tf.Variable, str]]:
     def position(pair: tuple) -> int:  # a sharded table: its first shard's (as table_refs orders them)
         return order.get(variable_key(pair[0]), order.get(table_parts(pair[0])[0].ref()))
 
-    found = [(ref.variable, ref.name) for ref in table_refs(model)] + _hooked_tables(model, order)
-    return sorted(found, key=position)
+    hooked = _hooked_tables(model, order)
+    held = {variable_key(table) for table, _ in hooked}  # (keras-rs keeps a hooked table in a Keras Embedding)
+    found = [(ref.variable, ref.name) for ref in table_refs(model) if variable_key(ref.variable) not in held]
+    return sorted(found + hooked, key=position)
 
 
 def _hooked_tables(model, trainable: dict) -> list[tuple[tf.Variable, str]]:

@@ -141,3 +141,17 @@ class Snapshots(keras.callbacks.Callback):
         self.tables.append([t.numpy() for t in self._tables])
         if self._lazy:
             self.histories.append([self._mechanism.history_table(t).numpy() for t in self._tables])
+
+
+def assert_same_training(got: Snapshots, expected: Snapshots, model: keras.Model, reference: keras.Model,
+                         steps: int, label: str = "") -> None:
+    """Tables equal to 1e-6 after every step, histories identical, and every variable equal after ``fit``."""
+    assert len(got.tables) == len(expected.tables) == steps
+    for step, (g, e) in enumerate(zip(got.tables, expected.tables)):
+        for table, gt, et in zip(("t1", "t2"), g, e):
+            np.testing.assert_allclose(gt, et, atol=1e-6, rtol=0, err_msg=f"{label}: {table} after step {step + 1}")
+    for g, e in zip(got.histories, expected.histories):
+        for gh, eh in zip(g, e):
+            np.testing.assert_array_equal(gh, eh)
+    for g, e in zip(model.trainable_variables, reference.trainable_variables):  # after fit (lazy: flushed)
+        np.testing.assert_allclose(g.numpy(), e.numpy(), atol=1e-6, rtol=0, err_msg=f"{label}: {g.path}")

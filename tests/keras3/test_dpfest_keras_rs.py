@@ -67,15 +67,7 @@ def test_steps_equal_the_dp_embedding_model(name):
     x, y = m.data(N, seed=3)
     private, got = _train(model, name, x, y)
     _, expected = _train(reference, name, x, y)
-    assert len(got.tables) == len(expected.tables) == STEPS
-    for step, (g, e) in enumerate(zip(got.tables, expected.tables)):
-        for table, gt, et in zip(("t1", "t2"), g, e):
-            np.testing.assert_allclose(gt, et, atol=1e-6, rtol=0, err_msg=f"{name}: {table} after step {step + 1}")
-    for g, e in zip(got.histories, expected.histories):
-        for gh, eh in zip(g, e):
-            np.testing.assert_array_equal(gh, eh)
-    for g, e in zip(model.trainable_variables, reference.trainable_variables):  # after fit (lazy: flushed)
-        np.testing.assert_allclose(g.numpy(), e.numpy(), atol=1e-6, rtol=0, err_msg=f"{name}: {g.path}")
+    m.assert_same_training(got, expected, model, reference, STEPS, name)
     # The premises: the selection bound the keras-rs tables; only kept rows moved, and (eager, lazy) all did.
     assert [info.name for info in private.mechanism.selection.table_infos()] == ["rs_t1", "rs_t2"]
     for final, first, kept in zip([t.numpy() for t in m.tables(model)], start, KEPT):

@@ -75,15 +75,7 @@ def test_lazydp_steps_equal_the_dp_embedding_model_between_steps_and_after_the_f
     x, y = _skewed_data(N)
     private, got = _train_with_snapshots(model, x, y)
     _, expected = _train_with_snapshots(reference, x, y)
-    assert len(got.tables) == len(expected.tables) == STEPS
-    for step, (g, e) in enumerate(zip(got.tables, expected.tables)):
-        for name, gt, et in zip(("t1", "t2"), g, e):
-            np.testing.assert_allclose(gt, et, atol=1e-6, rtol=0, err_msg=f"{name} after step {step + 1}")
-    for g, e in zip(got.histories, expected.histories):
-        for gh, eh in zip(g, e):
-            np.testing.assert_array_equal(gh, eh)
-    for g, e in zip(model.trainable_variables, reference.trainable_variables):  # after fit's flush
-        np.testing.assert_allclose(g.numpy(), e.numpy(), atol=1e-6, rtol=0, err_msg=g.path)
+    m.assert_same_training(got, expected, model, reference, STEPS, "lazydp")
     assert not private.mechanism.has_pending()
     assert sorted(private.mechanism.pending_rows()) == ["rs_t1", "rs_t2"]
     # The premises: rows owed noise between steps, and some were caught up after >= 3 unread steps.

@@ -42,6 +42,7 @@ MECHANISMS = {
     "eana": (),
     "adafest": (("tau", 5.0), ("sigma1", 2.0)),  # false positives: Psi(2.5) ~ 0.6% of the rows
     "dpfest": (("k", 1000),),
+    "lazydp": (),  # deferred noise: catch-up of the rows a step reads (the micro model's table is a DPEmbedding)
 }
 STACK_ENV = {"tf_keras": "1", "keras3": "0"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -42,11 +42,14 @@ ALGORITHMS = {
     "eana+adam": (),  # EANA with Adam post-processing the dense variables' noised gradients (dense_optimizer)
     "dpsgd+adagrad": (),  # row-wise Adagrad on the tables (table_optimizer): dense noised gradient, every row
     "eana+adagrad": (),  # row-wise Adagrad on the tables: sparse noised gradient, touched rows and their slots
+    "dpfest+lazy": (("k", 8), ("kept_ids", (tuple(range(0, VOCAB, 5)),)), ("kept_noise", "lazy")),  # kept rows' noise deferred
+    "adafest_plus": (("k", 8), ("kept_ids", (tuple(range(0, VOCAB, 5)),)), ("tau", 1.0), ("sigma1", 2.0),
+                     ("sigma2", 1.0)),  # DP-FEST's kept set, then AdaFEST's threshold inside it
     "lazydp": (),  # deferred noise: catch-up reads of DPEmbedding tables, flushed at the end of fit
     "lazydp+flush": (),  # LazyDP flushed after every 2nd step too (LazyDPCallback), then reads after the flush
 }
 #: Algorithms that need DPEmbedding tables (LazyDP refuses the ``ctr`` model's keras Embedding by name).
-NEEDS_DP_EMBEDDING = ("lazydp", "lazydp+flush")
+NEEDS_DP_EMBEDDING = ("lazydp", "lazydp+flush", "dpfest+lazy")
 #: Tables per model (DP-FEST keeps the same ids of each).
 TABLES = {"ctr": 1, "dp_embedding": 2}
 

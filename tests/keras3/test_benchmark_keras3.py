@@ -21,4 +21,4 @@ def test_ratio_is_the_median_of_paired_repeats():
 def test_unpaired_repeats_are_left_out_and_every_mechanism_is_benchmarked():
     lines = [_line("tf_keras", 0, "sgd", 2.0), _line("keras3", 0, "sgd", 3.0), _line("keras3", 1, "sgd", 9.0)]
     assert ratios(lines)[0]["per_repeat"] == [1.5]
-    assert set(MECHANISMS) == {"sgd", "dpsgd", "eana", "adafest", "dpfest"}
+    assert set(MECHANISMS) == {"sgd", "dpsgd", "eana", "adafest", "dpfest", "lazydp"}

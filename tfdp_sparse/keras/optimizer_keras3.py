@@ -166,11 +166,8 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         by_ref = {t.ref(): k for t, k in zip(tf_vars, keras_vars)}
         table_pairs, other_pairs = update.split_pairs(tf_vars)
         with tf.control_dependencies(updates), self.privatized():
-            if self.table_optimizer is None and self.dense_optimizer is None:
-                self.apply_gradients([(g, by_ref[v.ref()]) for g, v in update.pairs])
-                return tf.convert_to_tensor(self.iterations)
             # Post-processing of the noised gradient: the table rule on the tables' tf.Variable (plain SGD
-            # without one), any optimizer for the dense variables.
+            # without one), any optimizer for the dense variables (this SGD without one).
             table_ops = [] if self.table_optimizer is None else self.table_optimizer.apply_pairs(table_pairs)
             sgd_pairs = table_pairs if self.table_optimizer is None else []
             if self.dense_optimizer is None:

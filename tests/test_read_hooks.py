@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdp_sparse.layers.read_hooks import HookedTables, ReadHooks, hook_tables, hooked_tables_of
+from tfdp_sparse.layers.read_hooks import HookedTables, ReadHooks, hook_tables, hooked_tables_in, hooked_tables_of
 from tfdp_sparse.mechanisms.binding import bound_mechanisms
 
 
@@ -74,3 +74,15 @@ def test_hooking_is_idempotent_refuses_other_tables_and_flushes_before_saving():
 def test_a_table_that_is_no_variable_is_refused_by_name():
     with pytest.raises(TypeError, match="table 't': read hooks need a tf.Variable"):
         HookedTables({"t": tf.constant(np.zeros([2, 2]))})
+
+
+def test_hooked_tables_in_lists_each_table_once_with_its_name_hooks_and_layer():
+    tables = _tables()
+    first, second, plain = (tf.keras.layers.Layer(name=n) for n in ("rs", "again", "plain"))
+    hook_tables(first, tables)
+    hook_tables(second, {"t1": tables["t1"]})  # a table hooked twice is listed once, by its first layer
+    found = list(hooked_tables_in([plain, first, second]))
+    assert [(t.name, t.layer.name) for t in found] == [("rs_t1", "rs"), ("rs_t2", "rs")]
+    assert [t.table is tables[n] for t, n in zip(found, ("t1", "t2"))] == [True, True]
+    assert found[1].hooks is hooked_tables_of(first).hooks("t2")
+    assert list(hooked_tables_in([plain])) == []

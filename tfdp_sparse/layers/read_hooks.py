@@ -32,8 +32,9 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
-from typing import Callable, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import tensorflow as tf
 
@@ -160,6 +161,42 @@ def hooked_table_name(layer, name: str) -> str:
 def hooked_tables_of(layer) -> Optional[HookedTables]:
     """The :class:`HookedTables` :func:`hook_tables` gave ``layer``, else ``None``."""
     return vars(layer).get(_HOOKED)
+
+
+@dataclasses.dataclass(frozen=True)
+class HookedTable:
+    """One hooked table as mechanisms and guards see it.
+
+    Attributes:
+      layer: the layer that reads the table itself (keras-rs ``DistributedEmbedding``).
+      name: :func:`hooked_table_name` of the table (``"rs_t1"``).
+      table: the ``tf.Variable``.
+      hooks: its :class:`ReadHooks`.
+    """
+
+    layer: object
+    name: str
+    table: tf.Variable
+    hooks: ReadHooks
+
+
+def hooked_tables_in(layers: Iterable) -> Iterator[HookedTable]:
+    """Every hooked table of ``layers`` (in their order, each table once).
+
+    The one walk over hooked tables that binding (LazyDP), DP-FEST's table
+    list and the guards' owner lookup share.
+
+    Example::
+
+        [t.name for t in hooked_tables_in(layers_of(model))]   # ["rs_t1", "rs_t2"]
+    """
+    seen: set = set()
+    for layer in layers:
+        hooked = hooked_tables_of(layer)
+        for name, table in (hooked.tables().items() if hooked is not None else ()):
+            if table.ref() not in seen:
+                seen.add(table.ref())
+                yield HookedTable(layer, hooked_table_name(layer, name), table, hooked.hooks(name))
 
 
 def hook_tables(layer, tables: Mapping[str, tf.Variable]) -> HookedTables:

@@ -38,17 +38,16 @@ def bound_mechanisms(model) -> list:
     """The mechanisms whose hooks (``bind_model``) sit on ``model``'s embedding layers.
 
     Those of ``DPEmbedding`` layers and of layers reading hooked tables
-    themselves (:func:`tfdp_sparse.layers.read_hooks.hooked_tables_of`: keras-rs ``DistributedEmbedding``).
+    themselves (:func:`tfdp_sparse.layers.read_hooks.hooked_tables_in`: keras-rs ``DistributedEmbedding``).
     """
     from tfdp_sparse.layers.embedding import DPEmbedding  # layers import no mechanism
-    from tfdp_sparse.layers.read_hooks import hooked_tables_of
+    from tfdp_sparse.layers.read_hooks import hooked_tables_in
 
+    layers = layers_of(model)
+    owners = [mech for layer in layers if isinstance(layer, DPEmbedding) for mech in layer.hook_owners()]
+    owners += [mech for hooked in hooked_tables_in(layers) for mech in hooked.hooks.owners()]
     found: list = []
-    for layer in layers_of(model):
-        owners = layer.hook_owners() if isinstance(layer, DPEmbedding) else []
-        hooked = hooked_tables_of(layer)
-        owners += hooked.owners() if hooked is not None else []
-        for mech in owners:
-            if mech not in found:
-                found.append(mech)
+    for mech in owners:
+        if all(mech is not f for f in found):
+            found.append(mech)
     return found

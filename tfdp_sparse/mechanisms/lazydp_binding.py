@@ -134,7 +134,7 @@ class LazyBinding:
         model compiled with an optimizer other than this mechanism's SGD.
         """
         from tfdp_sparse.layers.embedding import DPEmbedding  # layers import clipping only
-        from tfdp_sparse.layers.read_hooks import hooked_table_name, hooked_tables_of
+        from tfdp_sparse.layers.read_hooks import hooked_tables_in
 
         layers = binding.layers_of(model)
         if not layers:
@@ -148,12 +148,9 @@ class LazyBinding:
                 "cannot reproduce)"
             )
         found = False
-        for layer in layers:  # hooked tables first: the layers holding them may hold Keras Embeddings too
-            hooked = hooked_tables_of(layer)
-            if hooked is not None:
-                found = True
-                for name, table in hooked.tables().items():
-                    self._bind_table(table, hooked_table_name(layer, name), layer.trainable, hooked.hooks(name))
+        for hooked in hooked_tables_in(layers):  # first: the layers holding them may hold Keras Embeddings too
+            found = True
+            self._bind_table(hooked.table, hooked.name, hooked.layer.trainable, hooked.hooks)
         for layer in layers:
             if isinstance(layer, DPEmbedding):
                 found = True

@@ -41,16 +41,9 @@ def embedding_tables(model) -> list[tuple[tf.Variable, str]]:
 
 def _hooked_tables(model, trainable: dict) -> list[tuple[tf.Variable, str]]:
     """``(table, hooked_table_name)`` of the hooked tables below ``model`` whose keys are in ``trainable``."""
-    from tfdp_sparse.layers.read_hooks import hooked_table_name, hooked_tables_of  # layers import no mechanism
+    from tfdp_sparse.layers.read_hooks import hooked_tables_in  # layers import no mechanism
 
-    found, seen = [], set()
-    for layer in layers_of(model):
-        hooked = hooked_tables_of(layer)
-        for name, table in (hooked.tables().items() if hooked is not None else ()):
-            if variable_key(table) in trainable and variable_key(table) not in seen:
-                seen.add(variable_key(table))
-                found.append((table, hooked_table_name(layer, name)))
-    return found
+    return [(t.table, t.name) for t in hooked_tables_in(layers_of(model)) if variable_key(t.table) in trainable]
 
 
 def table_infos(model) -> list[TableInfo]:

@@ -26,7 +26,8 @@ Each tap kind has a module with ``squared_norms`` and ``clipped_gradients``
 :mod:`~tfdp_sparse.clipping.embedding`); layers on the generic fallback
 (:mod:`~tfdp_sparse.clipping.generic`) get exact per-example gradients of the
 variables no other tap covers, recomputed per example from the same backward
-pass. The backward pass runs under
+pass. The groups and the clip factor of each example (example or user level) are in
+:mod:`~tfdp_sparse.clipping.groups`. The backward pass runs under
 :func:`~tfdp_sparse.clipping.taps.ghost_backward`, so a tapped weight's own
 gradient must be ``None``: one that is not is also read elsewhere (tied
 weights) and refused (:func:`~tfdp_sparse.clipping.coverage.check_weight_reads`).
@@ -56,10 +57,8 @@ import tensorflow as tf
 from tfdp_sparse.accounting.validation import validate_l2_norm_clip
 from tfdp_sparse.clipping import dense as dense_norms
 from tfdp_sparse.clipping import einsum_dense as einsum_norms
-from tfdp_sparse.clipping import embedding as embedding_norms
 from tfdp_sparse.clipping import generic
 from tfdp_sparse.clipping import layer_norm as layer_norm_norms
-from tfdp_sparse.clipping import user_norms
 from tfdp_sparse.clipping.coverage import (
     SUPPORTED_LAYERS,
     UnsupportedLayerError,
@@ -78,7 +77,8 @@ from tfdp_sparse.clipping.taps import (
     WeightTap,
     ghost_backward,
 )
-from tfdp_sparse.clipping.user_norms import UserClipMethod, UserClipping, UserSegments
+from tfdp_sparse.clipping.groups import GenericGroup, TableGroup, WeightGroup, clip_scales
+from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.tables import table_parts, variable_key
 
 __all__ = ["ClippedGradients", "UnsupportedLayerError", "clip_gradients", "validate_clip_norm"]
@@ -180,7 +180,7 @@ def clip_gradients(
     plan = _plan(recorded, variables, keys, clipping=clip_norm is not None)
     grads = _backward(per_example_loss, tape, plan)
     groups = _live_groups(plan, grads)
-    live_tables = {g.key: g.taps for g in groups if isinstance(g, _TableGroup)}
+    live_tables = {g.key: g.taps for g in groups if isinstance(g, TableGroup)}
     checks = [
         check_table_reads(group[0].table, live_tables.get(key, []), [t.owner for t in group], table_direct)
         for (key, group), table_direct in zip(plan.table_taps.items(), grads.tables)
@@ -328,68 +328,6 @@ def _join_parts(grads: Sequence[Gradient], parts_per_table: Sequence[list]) -> l
     return out
 
 
-@dataclasses.dataclass
-class _TableGroup:
-    """The live lookups of one table and their row gradients."""
-
-    key: object
-    taps: list
-    grads: list
-
-    def squared_norms(self) -> tf.Tensor:
-        return embedding_norms.squared_norms(self.taps, self.grads)
-
-    def group_squared_norms(self, segments: UserSegments) -> tf.Tensor:
-        return embedding_norms.group_squared_norms(self.taps, self.grads, segments)
-
-    def clipped(self, scale: tf.Tensor) -> dict:
-        return {self.key: embedding_norms.clipped_gradient(self.taps, self.grads, scale)}
-
-
-@dataclasses.dataclass
-class _WeightGroup:
-    """The live calls of one layer with a ghost-norm rule and their source gradients."""
-
-    module: ModuleType
-    taps: list
-    grads: list
-
-    def squared_norms(self) -> tf.Tensor:
-        return self.module.squared_norms(self.taps, self.grads)
-
-    def group_squared_norms(self, segments: UserSegments) -> tf.Tensor:
-        return self.module.group_squared_norms(self.taps, self.grads, segments)
-
-    def clipped(self, scale: tf.Tensor) -> dict:
-        clipped = self.module.clipped_gradients(self.taps, self.grads, scale)
-        return {w.ref(): g for w, g in zip(self.taps[0].weights, clipped) if w is not None}
-
-
-@dataclasses.dataclass
-class _GenericGroup:
-    """The calls of one layer on the fallback; per-example gradients computed once."""
-
-    taps: list
-    grads: list
-    variables: list
-    _per_example: Optional[tf.Tensor] = None
-
-    def per_example(self) -> tf.Tensor:
-        if self._per_example is None:
-            self._per_example = generic.per_example_gradients(self.taps, self.grads, self.variables)
-        return self._per_example
-
-    def squared_norms(self) -> tf.Tensor:
-        return generic.squared_norms(self.per_example())
-
-    def group_squared_norms(self, segments: UserSegments) -> tf.Tensor:
-        return generic.group_squared_norms(self.per_example(), segments)
-
-    def clipped(self, scale: tf.Tensor) -> dict:
-        grads = generic.clipped_gradients(self.per_example(), scale, self.variables)
-        return {v.ref(): g for v, g in zip(self.variables, grads)}
-
-
 def _live(group: Sequence, grads: dict) -> tuple[list, list]:
     """The taps of ``group`` whose gradient (``grads[id(tap)]``) is not ``None``, and those gradients."""
     live = [t for t in group if grads[id(t)] is not None]
@@ -402,16 +340,16 @@ def _live_groups(plan: _Plan, grads: _Backward) -> list:
     for key, group in plan.table_taps.items():
         live, live_grads = _live(group, grads.taps)
         if live:
-            groups.append(_TableGroup(key, live, live_grads))
+            groups.append(TableGroup(key, live, live_grads))
     for group in plan.weight_taps.values():
         live, live_grads = _live(group, grads.taps)
         if live:
-            groups.append(_WeightGroup(_WEIGHT_MODULES[type(group[0])], live, live_grads))
+            groups.append(WeightGroup(_WEIGHT_MODULES[type(group[0])], live, live_grads))
     for layer, group, claimed in plan.generic_taps:
         live, live_grads = _live(group, grads.generic)
         if live:
             generic.announce(layer, claimed)
-            groups.append(_GenericGroup(live, live_grads, claimed))
+            groups.append(GenericGroup(live, live_grads, claimed))
     return groups
 
 
@@ -437,7 +375,7 @@ def _weight_key(tap: WeightTap):
 def _clip_groups(per_example_loss, groups, keys, table_taps, direct, clip_norm, users) -> ClippedGradients:
     """Norms, scales and clipped sums of the live tap groups."""
     batch_size = tf.shape(per_example_loss)[0]
-    scale, norms = _scales(groups, batch_size, clip_norm, users)
+    scale, norms = clip_scales(groups, batch_size, clip_norm, users)
     by_key: dict = dict(direct)
     for group in groups:
         by_key.update(group.clipped(scale))
@@ -448,32 +386,6 @@ def _clip_groups(per_example_loss, groups, keys, table_taps, direct, clip_norm, 
         batch_size=batch_size,
         lookups=[_lookup_ids(table_taps[k]) if k in table_taps else None for k in keys],
     )
-
-
-def _scales(groups: Sequence, batch_size: tf.Tensor, clip_norm: Optional[float],
-            users: Optional[UserClipping]) -> tuple[tf.Tensor, Optional[tf.Tensor]]:
-    """Each example's clip factor ``[B]`` and the norms reported (``None`` without clipping)."""
-    if clip_norm is None:
-        return tf.ones([batch_size], tf.float32), None
-    if users is None:
-        return _example_scale(groups, batch_size, clip_norm)
-    # At most k per user: C / k bounds a user only then, and group norms stack at most k examples per user.
-    with tf.control_dependencies([user_norms.check_at_most_k(users)]):
-        if users.method is UserClipMethod.GROUP_NORM:
-            scale, norms = user_norms.user_scale([g.group_squared_norms for g in groups], users, clip_norm)
-        else:
-            scale, norms = _example_scale(groups, batch_size, clip_norm / users.max_examples_per_user)
-        return tf.identity(scale), norms
-
-
-def _example_scale(groups: Sequence, batch_size: tf.Tensor, clip_norm: float) -> tuple[tf.Tensor, tf.Tensor]:
-    """``(scale [B] float64, norms [B] float32)``: per-example factors ``min(1, C / ||g_i||)`` and norms."""
-    squared = tf.zeros([batch_size], tf.float64)  # float64 sum: float64 models keep their precision
-    for group in groups:
-        squared += tf.cast(group.squared_norms(), tf.float64)
-    exact_norms = tf.sqrt(squared)
-    scale = tf.minimum(tf.constant(1.0, tf.float64), clip_norm / tf.maximum(exact_norms, 1e-12))
-    return scale, tf.cast(exact_norms, tf.float32)
 
 
 def _lookup_ids(tap_list: Sequence[EmbeddingTap]) -> tf.Tensor:

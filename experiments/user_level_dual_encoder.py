@@ -77,6 +77,8 @@ class Settings:
     examples_per_step: int = 256
     steps: int = 300
     learning_rate: float = 20.0
+    #: whether each epsilon also gets an example-level run (off: the user-level cells only, e.g. more k).
+    example_level: bool = True
     l2_norm_clip: float = 1.0
     #: ``"pld"`` (tight; the measurements) or ``"rdp"`` (the smoke run: PLD calibration of a 2-step run takes minutes).
     accountant: str = "pld"
@@ -95,6 +97,8 @@ class Settings:
             raise ValueError(f"ks and extra_ks must be positive integers, got {self.ks}, {self.extra_ks}")
         if self.extra_ks and self.extra_epsilon not in self.epsilons:
             raise ValueError(f"extra_epsilon={self.extra_epsilon} must be one of epsilons={self.epsilons}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.steps < 1 or self.examples_per_step < max(*self.ks, *self.extra_ks, 1):
             raise ValueError(f"need steps >= 1 and examples_per_step >= every k, got steps={self.steps}, "
                              f"examples_per_step={self.examples_per_step}")
@@ -104,7 +108,8 @@ class Settings:
         """``(target ε, k)`` of every run in order; ``k`` is ``None`` at the example level."""
         out = []
         for eps in self.epsilons:
-            out += [(float(eps), None)] + [(float(eps), int(k)) for k in self.ks]
+            out += [(float(eps), None)] if self.example_level else []
+            out += [(float(eps), int(k)) for k in self.ks]
             if eps == self.extra_epsilon:
                 out += [(float(eps), int(k)) for k in self.extra_ks if k not in self.ks]
         return out
@@ -208,6 +213,8 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple[Settings, Optional[str]
     p.add_argument("--num_users", type=int, default=d.num_users)
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--examples_per_step", type=int, default=d.examples_per_step)
+    p.add_argument("--learning_rate", type=float, default=d.learning_rate, help="SGD rate of every run")
+    p.add_argument("--no_example_level", action="store_true", help="user-level cells only")
     p.add_argument("--output", default=None, help="JSON lines written here (replaced)")
     p.add_argument("--plot", default=None, help="PNG written here")
     a = p.parse_args(argv)
@@ -217,7 +224,8 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple[Settings, Optional[str]
 
     s = dataclasses.replace(d, epsilons=numbers(a.epsilons, float), ks=numbers(a.ks, int),
                             extra_ks=numbers(a.extra_ks, int), extra_epsilon=a.extra_epsilon, num_users=a.num_users,
-                            steps=a.steps, examples_per_step=a.examples_per_step)
+                            steps=a.steps, examples_per_step=a.examples_per_step, learning_rate=a.learning_rate,
+                            example_level=not a.no_example_level)
     return (s.smoke() if a.smoke else s), a.output, a.plot
 
 

@@ -49,6 +49,10 @@ def test_dual_encoder_grid_order_and_validation():
         de.Settings(epsilons=(1.0,), extra_epsilon=4.0).validate()
     with pytest.raises(ValueError, match="examples_per_step"):
         de.Settings(examples_per_step=4, ks=(5,), extra_ks=()).validate()
+    with pytest.raises(ValueError, match="learning_rate"):
+        de.Settings(learning_rate=0.0).validate()
+    settings = de.parse(["--epsilons=1,8", "--ks=1,20", "--extra_ks=", "--no_example_level", "--learning_rate=5"])[0]
+    assert settings.grid() == [(1.0, 1), (1.0, 20), (8.0, 1), (8.0, 20)] and settings.learning_rate == 5.0
 
 
 @pytest.fixture(scope="module")

@@ -97,6 +97,9 @@ class Settings:
         return dataclasses.replace(self, batch_size=16, steps=3, rounds=1, num_users=50, num_examples=400, hidden=(8,))
 
     def validate(self) -> "Settings":
+        if not self.hidden or min(self.hidden) < 1 or not self.vocab_scale > 0:
+            raise ValueError(f"need hidden widths >= 1 and vocab_scale > 0, got hidden={self.hidden}, "
+                             f"vocab_scale={self.vocab_scale}")
         if self.rounds < 1 or self.steps < 2 or self.k < 1 or self.batch_size < self.k:
             raise ValueError(f"need rounds >= 1, steps >= 2 (the first is tracing), k >= 1 and batch_size >= k; got "
                              f"rounds={self.rounds}, steps={self.steps}, k={self.k}, batch_size={self.batch_size}")
@@ -183,9 +186,15 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple[Settings, Optional[str]
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch_size", type=int, default=d.batch_size, help="examples per step (batch_size // k users)")
     p.add_argument("--k", type=int, default=d.k, help="max_examples_per_user of the user-level runs")
+    p.add_argument("--num_users", type=int, default=d.num_users)
+    p.add_argument("--num_examples", type=int, default=d.num_examples)
+    p.add_argument("--vocab_scale", type=float, default=d.vocab_scale, help="times the 26 Kaggle vocabulary sizes")
+    p.add_argument("--hidden", default=",".join(str(h) for h in d.hidden), help="widths of the ReLU layers")
     p.add_argument("--output", default=None, help="JSON lines written here (replaced)")
     a = p.parse_args(argv)
-    s = dataclasses.replace(d, rounds=a.rounds, steps=a.steps, batch_size=a.batch_size, k=a.k)
+    hidden = tuple(int(h) for h in a.hidden.split(",") if h.strip())
+    s = dataclasses.replace(d, rounds=a.rounds, steps=a.steps, batch_size=a.batch_size, k=a.k, num_users=a.num_users,
+                            num_examples=a.num_examples, vocab_scale=a.vocab_scale, hidden=hidden)
     return (s.smoke() if a.smoke else s), a.output
 
 

@@ -102,6 +102,16 @@ def test_step_time_summary_takes_the_median_of_same_round_ratios():
     assert user["ratio_to"] == "dpsgd/example" and user["rounds"] == 2
 
 
+def test_step_time_model_size_flags_and_their_validation():
+    settings = st.parse(["--vocab_scale=1", "--hidden=598,598", "--num_users=500", "--num_examples=9000"])[0]
+    assert (settings.vocab_scale, settings.hidden, settings.num_users, settings.num_examples) == (1.0, (598, 598),
+                                                                                                 500, 9000)
+    with pytest.raises(ValueError, match="hidden widths"):
+        st.parse(["--hidden=0"])[0].validate()
+    with pytest.raises(ValueError, match="vocab_scale"):
+        st.parse(["--vocab_scale=0"])[0].validate()
+
+
 @pytest.fixture(scope="module")
 def step_time_smoke(tmp_path_factory):
     path = tmp_path_factory.mktemp("st") / "st.jsonl"

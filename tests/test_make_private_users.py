@@ -114,3 +114,37 @@ def test_the_ledger_records_the_user_unit():
     example_level = make_private(_model(), PrivacyConfig(algorithm="dpsgd", l2_norm_clip=1.0), num_examples=N,
                                  batch_size=8, steps=2, loss=_loss)
     assert example_level.ledger.privacy_unit == "example"
+
+
+def _dpfest_user_private(counts, pre_training=()):
+    privacy = PrivacyConfig(algorithm="dpfest", noise_multiplier=1.0, l2_norm_clip=1.0, accountant="rdp",
+                            extra=(("k", 10), ("selection_epsilon", 1.0)))
+    return make_private(_model(), privacy, num_examples=N, num_users=USERS, batch_size=8, steps=3, loss=_loss,
+                        privacy_unit=PrivacyUnitConfig.user(K), selection_counts=counts, pre_training=pre_training)
+
+
+def test_private_selection_at_the_user_level_takes_user_counts_and_refuses_example_counts():
+    from tfdp_sparse.selection.counts import UserSelectionCounts, example_counts, user_counts
+
+    x, y, users = _data()
+    with pytest.raises(ValueError, match="counts of distinct users per row"):
+        _dpfest_user_private(lambda: example_counts(x.reshape(-1, 1), (30,)))
+    # One table read twice per example: a user counts once per row, over both lookups.
+    counts = UserSelectionCounts(lambda: user_counts(x.reshape(-1, 1), np.repeat(users, 2), (30,)))
+    private = _dpfest_user_private(counts)
+    private.compile()
+    private.fit(x, y, user_ids=users, verbose=0)
+    report = private.report()
+    assert report["privacy_unit"] == "user" and report["steps"] == 3 and report["epsilon"] > 1.0  # selection + steps
+
+
+def test_a_release_of_another_unit_is_refused_and_one_of_the_run_unit_is_charged():
+    from tfdp_sparse.accounting.releases import PreTrainingRelease
+
+    event = dp_accounting.GaussianDpEvent(6.0)
+    with pytest.raises(ValueError, match="protects one example, and this run protects one user"):
+        _user_private(_model(), pre_training=(PreTrainingRelease("dp_vocabulary", event),))
+    private = _user_private(_model(), pre_training=(PreTrainingRelease("dp_vocabulary", event, privacy_unit="user"),))
+    assert private.report()["privacy_unit"] == "user"
+    with pytest.raises(ValueError, match="privacy_unit must be"):
+        PreTrainingRelease("v", event, privacy_unit="person")

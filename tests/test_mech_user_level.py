@@ -103,7 +103,7 @@ def test_user_weights_count_distinct_buckets_over_all_examples_and_tables_by_han
     np.testing.assert_allclose(counts.numpy(), [1 / np.sqrt(3), 1 / np.sqrt(3) + 1 / np.sqrt(2)], rtol=1e-6)
 
 
-def test_adafest_step_at_the_user_level_keeps_only_rows_looked_up_and_adafest_plus_refuses():
+def test_adafest_step_at_the_user_level_keeps_only_rows_looked_up():
     vocab, batch = 50, 6
     model = _table_model(vocab)
     x = np.array([[1, 2], [1, 2], [1, 2], [3, 4], [3, 4], [5, 6]])
@@ -125,8 +125,51 @@ def test_adafest_step_at_the_user_level_keeps_only_rows_looked_up_and_adafest_pl
     table_ex = model_ex.get_layer("emb").embeddings
     assert set(np.where(np.any(table_ex.numpy() != before, axis=1))[0]) == {1, 2, 3, 4}
 
-    plus = AdaFESTPlus.of(BucketSelection(None, kept_ids=[np.arange(vocab)]), sigma1=1.0, sigma2=1.0, C1=1.0,
-                       tau=1.0, l2_norm_clip=1.0, seed=0)
-    step_plus = PrivateStep(_table_model(vocab), _zero_loss, DPOptimizer(plus, 0.1, batch), unit=unit)
-    with pytest.raises(ValueError, match="DP-AdaFEST\\+ does not support the user level"):
-        step_plus(tf.constant(x), tf.zeros([batch]), tf.constant(users))
+
+
+def _changed_rows(mech, vocab, x, users, unit) -> set:
+    model = _table_model(vocab)
+    table = model.get_layer("emb").embeddings
+    before = table.numpy().copy()
+    step = PrivateStep(model, lambda y, p: tf.reduce_sum(p, axis=-1), DPOptimizer(mech, 0.1, len(x)), unit=unit)
+    step(tf.constant(x), tf.zeros([len(x)]), *([] if users is None else [tf.constant(users)]))
+    return set(np.where(np.any(table.numpy() != before, axis=1))[0].tolist())
+
+
+def test_adafest_plus_at_the_user_level_filters_users_inside_the_kept_rows():
+    vocab = 50
+    x = np.array([[1, 2], [1, 2], [1, 2], [3, 4], [3, 4], [5, 6], [7, 7], [8, 9]])
+    users = np.array([0, 0, 0, 1, 1, 2, 3, 4])
+    unit = PrivacyUnitConfig.user(3)
+
+    def plus(kept):  # sigma1 tiny, sigma2 0: the filter decides alone; tau as in the AdaFEST test above
+        return AdaFESTPlus.of(BucketSelection(None, kept_ids=[np.asarray(kept)]), sigma1=1e-6, sigma2=0.0, C1=1.0,
+                              tau=0.8, l2_norm_clip=1.0, seed=0)
+
+    # Kept set = every row: exactly DP-AdaFEST's rows, at either unit (row 7: one example, one user, weight 1).
+    every = np.arange(vocab)
+    assert _changed_rows(plus(every), vocab, x, users, unit) == {7}
+    assert _changed_rows(plus(every), vocab, x, None, PrivacyUnitConfig()) == {1, 2, 3, 4, 7}
+    ada = AdaFEST.of(sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, l2_norm_clip=1.0, seed=0)
+    assert _changed_rows(ada, vocab, x, users, unit) == {7}
+    # Rows outside the kept set never move; inside it each user still counts once.
+    assert _changed_rows(plus([1, 2, 8, 9]), vocab, x, users, unit) == set()
+    assert _changed_rows(plus([1, 2, 8, 9]), vocab, x, None, PrivacyUnitConfig()) == {1, 2}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIES))
+def test_adafest_plus_map_over_kept_positions_moves_by_at_most_c1_per_user(name):
+    from tfdp_sparse.mechanisms.adafest_plus import to_domain_positions
+
+    rng = np.random.default_rng(2)
+    tables, users = base_batch(rng)
+    domain = tf.constant(np.arange(0, 20, dtype=np.int64))  # every adversarial bucket is kept
+
+    def positions(ts):
+        return [to_domain_positions(tf.constant(t, tf.int64), domain).numpy() for t in ts]
+
+    extra = ADVERSARIES[name]
+    before = contribution_map(positions(tables), users)
+    after_tables, after_users = with_user(tables, users, extra, 99)
+    moved = map_distance(before, contribution_map(positions(after_tables), after_users))
+    assert 0.99 * C1 <= moved <= C1 * (1 + 1e-5)

@@ -24,6 +24,7 @@ from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers import common_flags
 from trainers import loop as loop_lib
 from trainers import pctr_data
+from tfdp_sparse.selection.counts import example_counts, user_counts
 from trainers import train_dual_encoder as tde
 from trainers import train_pctr as tp
 from trainers.lib.checkpoints import run_identity
@@ -127,16 +128,16 @@ def test_user_rows_take_at_most_k_rows_of_each_sampled_user_and_every_user_at_q_
 def test_user_selection_counts_count_each_user_once_per_bucket():
     cat = np.array([[3, 0], [3, 1], [4, 1], [3, 1]])
     users = np.array([7, 7, 8, 9])
-    counts = pctr_data.user_selection_counts(cat, users, (5, 2))
+    counts = user_counts(cat, users, (5, 2))
     assert counts[0].tolist() == [0, 0, 0, 2, 1] and counts[1].tolist() == [1, 3]
     # An adversarial user with many examples on one bucket moves every count by at most 1.
     extra_cat = np.vstack([cat, np.tile([[3, 1]], (50, 1)), [[0, 0]]])
     extra_users = np.r_[users, np.full(51, 99)]
-    more = pctr_data.user_selection_counts(extra_cat, extra_users, (5, 2))
+    more = user_counts(extra_cat, extra_users, (5, 2))
     for before, after in zip(counts, more):
         assert np.max(np.abs(after - before)) == 1
     # The per-example counts would move by 51: the test can fail.
-    assert np.max(pctr_data.selection_counts(extra_cat, (5, 2))[0] - pctr_data.selection_counts(cat, (5, 2))[0]) > 1
+    assert np.max(example_counts(extra_cat, (5, 2))[0] - example_counts(cat, (5, 2))[0]) > 1
 
 
 def test_privacy_unit_flags():
@@ -193,3 +194,11 @@ def test_report_table_shows_the_unit_and_k():
     lines = report.format_table(rows).splitlines()
     assert lines[0].split() == ["algorithm", "unit", "k/user", "epsilon"]
     assert lines[2].split() == ["dpsgd", "example", "-", "1"] and lines[3].split() == ["dpsgd", "user", "5", "1"]
+
+
+def test_adafest_plus_trains_at_the_user_level_with_users_counted_in_its_selection():
+    privacy = PrivacyConfig(algorithm="adafest_plus", noise_multiplier=1.0, l2_norm_clip=1.0, accountant="rdp",
+                            extra=(("k", 20), ("selection_epsilon", 1.0), ("tau", 1.0), ("sigma_ratio", 5.0)))
+    metrics = tp.train_and_evaluate(pctr_run(privacy=privacy))
+    assert metrics["algorithm"] == "adafest_plus" and metrics["privacy_unit"] == "user" and metrics["private"]
+    assert metrics["steps"] == 3 and metrics["epsilon"] > 1.0  # the selection's ε = 1 plus the steps

@@ -294,30 +294,6 @@ def evaluate_auc(model: tf.keras.Model, arrays, batch_size: int = 8192) -> Optio
     return synthetic.roc_auc(labels, np.concatenate(scores))
 
 
-def selection_counts(cat: np.ndarray, vocab_sizes) -> list[np.ndarray]:
-    """Per-feature id counts of the training data (each example adds 1 to one bucket per feature)."""
-    return [np.bincount(cat[:, f], minlength=v).astype(np.int64) for f, v in enumerate(vocab_sizes)]
-
-
-def user_selection_counts(cat: np.ndarray, users: np.ndarray, vocab_sizes) -> list[np.ndarray]:
-    """Per-feature counts of distinct *users* per id: DP-FEST's private selection at the user level.
-
-    A user adds at most 1 to each bucket however many of their examples hold
-    it, so adding or removing one user changes every count by at most 1 (the
-    ℓ∞ sensitivity of the per-example counts, which the selection's ε assumes;
-    Zhang et al. 2023, "Sparsity-preserving differentially private training
-    of large embedding models", DP-FEST).
-
-    Example: ids ``[[3], [3], [4]]`` of users ``[7, 7, 8]`` in a table of 5 rows count ``[0, 0, 0, 1, 1]``.
-    """
-    users = np.asarray(users, np.int64)
-    counts = []
-    for f, v in enumerate(vocab_sizes):
-        pairs = np.unique(users * np.int64(v) + np.asarray(cat[:, f], np.int64))
-        counts.append(np.bincount(pairs % np.int64(v), minlength=v).astype(np.int64))
-    return counts
-
-
 def cap_k(privacy: PrivacyConfig, vocab_sizes) -> PrivacyConfig:
     """One ``k`` for every feature means ``min(k, rows)`` per feature (small tables are kept whole).
 

@@ -75,6 +75,7 @@ from tfdp_sparse.keras_stack import is_keras_3
 from tfdp_sparse.layers.tpu import EmbeddingBackend, split_functional_model
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
+from tfdp_sparse.selection.counts import UserSelectionCounts, example_counts, user_counts
 from trainers import pctr_data
 from trainers.pctr_data import DataConfig, PctrData
 from trainers import loop as loop_lib
@@ -272,8 +273,8 @@ def _train_periods(run: PctrRun, data: PctrData, model: tf.keras.Model, privacy:
 def _selection_counts(train: dict, vocab_sizes, unit: PrivacyUnitConfig):
     """``() -> counts per table`` for DP-FEST's private selection: examples per id, or users per id (user level)."""
     if unit.is_user_level and "user" in train:
-        return lambda: pctr_data.user_selection_counts(train["cat"], train["user"], vocab_sizes)
-    return lambda: pctr_data.selection_counts(train["cat"], vocab_sizes)
+        return UserSelectionCounts(lambda: user_counts(train["cat"], train["user"], vocab_sizes))
+    return lambda: example_counts(train["cat"], vocab_sizes)
 
 
 def train_and_evaluate(run: PctrRun) -> dict:

@@ -38,6 +38,7 @@ from experiments.sweep.report import aggregate, annotate, format_markdown, setti
 from models import pctr
 from tfdp_sparse import accounting, mechanisms
 from tfdp_sparse.config import PrivacyConfig
+from tfdp_sparse.selection.counts import example_counts
 from trainers import loop as loop_lib
 from trainers import summary
 from trainers import pctr_data
@@ -114,7 +115,7 @@ def _train_and_evaluate(config: SweepConfig, data: SweepData, privacy: PrivacyCo
     t0 = time.perf_counter()
     result = loop_lib.train_privately(
         model, pctr.per_example_loss, data.train, privacy, loop,
-        selection_counts=lambda: pctr_data.selection_counts(data.train["cat"], data.vocab_sizes),
+        selection_counts=lambda: example_counts(data.train["cat"], data.vocab_sizes),
     )
     seconds["train_total"] = time.perf_counter() - t0
     t0 = time.perf_counter()

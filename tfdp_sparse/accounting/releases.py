@@ -24,11 +24,19 @@ class PreTrainingRelease:
       extra_delta: a δ the event does not express (e.g. the thresholding
         failure probability of partition selection); the run's ε is computed
         at ``delta - sum(extra_delta)``, so the total stays ``delta``.
+      privacy_unit: what the event protects, ``"example"`` (counts of
+        examples, the default) or ``"user"`` (counts of distinct users); a run
+        of the other unit refuses it.
     """
 
     name: str
     event: dp_accounting.DpEvent
     extra_delta: float = 0.0
+    privacy_unit: str = "example"
+
+    def __post_init__(self):
+        if self.privacy_unit not in ("example", "user"):
+            raise ValueError(f"privacy_unit must be 'example' or 'user', got {self.privacy_unit!r}")
 
 
 def run_delta(delta: float, pre_training: Sequence[PreTrainingRelease]) -> float:

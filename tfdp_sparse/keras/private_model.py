@@ -379,7 +379,9 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
       pre_training: data-dependent releases made before training (a DP vocabulary): charged first,
         included in σ calibration, their ``extra_delta`` paid from δ.
       selection_counts: ``() -> counts per table`` of the training data, for a private selection
-        (DP-FEST / DP-AdaFEST+ with ``selection_epsilon``).
+        (DP-FEST / DP-AdaFEST+ with ``selection_epsilon``); at the user level counts of distinct users
+        per row, wrapped: ``UserSelectionCounts(lambda: user_counts(ids, user_ids, vocab_sizes))``
+        (:mod:`tfdp_sparse.selection.counts`; anything else is refused).
       privacy_unit, num_users: the unit the guarantee protects; at the user level
         (``PrivacyUnitConfig.user(k)``) ``batch_size`` is the expected number of users per step,
         ``fit`` samples users and takes ``user_ids``, and each user's summed gradient is clipped to C.

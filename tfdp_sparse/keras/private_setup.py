@@ -48,6 +48,7 @@ from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.calibration import calibrate, check_accountant, step_event_of
 from tfdp_sparse.mechanisms.plans.base import Plan
 from tfdp_sparse.mechanisms.tables import table_infos
+from tfdp_sparse.selection.counts import UserSelectionCounts
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 log = logging.getLogger("tfdp_sparse.train")
@@ -252,18 +253,26 @@ def _keras_3_optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, option
 
 
 def open_ledger(mechanism: Mechanism, options: SetupOptions) -> PrivacyLedger:
-    """A new run's ledger: private selection (if the rule needs one), releases, one-off event, caveat."""
+    """A new run's ledger of the run's unit: private selection (if the rule needs one), releases, one-off event.
+
+    Every event must protect the run's unit: at the user level a private
+    selection needs counts of distinct users per row
+    (:class:`~tfdp_sparse.selection.counts.UserSelectionCounts`) and every
+    pre-training release must be a user-level one; anything else is refused
+    by name.
+    """
+    unit = options.unit.unit.value
     if mechanism.needs_private_selection:
-        if options.selection_counts is None:
-            raise ValueError(
-                f"{mechanism.name} with selection_epsilon selects rows privately from training counts, "
-                "but no selection_counts were given (make_private(selection_counts=...), or a public "
-                "frequency_file)"
-            )
-        mechanism.select(options.selection_counts())
+        mechanism.select(_checked_selection_counts(mechanism, options)())
         log.info("private selection done: %s", mechanism.describe())
     ledger = PrivacyLedger()
+    ledger.set_privacy_unit(unit)  # before any event: the ledger composes events of this unit only
     for release in options.pre_training:
+        if release.privacy_unit != unit:
+            raise ValueError(
+                f"pre-training release {release.name!r} protects one {release.privacy_unit}, and this run "
+                f"protects one {unit}: its ε does not compose into the run's guarantee (build it at the {unit} "
+                "level, e.g. from per-user counts, or use a public one)")
         ledger.record(release.event)
         log.info("charged pre-training release %r to the ledger: %s", release.name, release.event)
     setup = mechanism.setup_event()
@@ -272,6 +281,24 @@ def open_ledger(mechanism: Mechanism, options: SetupOptions) -> PrivacyLedger:
     if options.not_private_reason:
         ledger.record_not_private(options.not_private_reason)
     return ledger
+
+
+def _checked_selection_counts(mechanism: Mechanism, options: SetupOptions) -> SelectionCounts:
+    """The counts of a private selection, refused when missing or of the wrong unit."""
+    if options.selection_counts is None:
+        raise ValueError(
+            f"{mechanism.name} with selection_epsilon selects rows privately from training counts, "
+            "but no selection_counts were given (make_private(selection_counts=...), or a public "
+            "frequency_file)"
+        )
+    if options.unit.is_user_level and not isinstance(options.selection_counts, UserSelectionCounts):
+        raise ValueError(
+            f"{mechanism.name}'s private selection at the user level needs counts of distinct users per row: "
+            "per-example counts move by a user's whole example count, beyond the selection's sensitivity 1. "
+            "Pass selection_counts=UserSelectionCounts(lambda: user_counts(ids, user_ids, vocab_sizes)) "
+            "(tfdp_sparse.selection.counts), or a public frequency_file"
+        )
+    return options.selection_counts
 
 
 def prepare_private(model: tf.keras.Model, privacy: PrivacyConfig, shape: RunShape,

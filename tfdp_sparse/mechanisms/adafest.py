@@ -73,7 +73,6 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_rows_at
-from tfdp_sparse.mechanisms.dpfest import UsesSelection
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.plans.adafest import (  # noqa: F401 (settings re-exported for callers)
     KNOBS,
@@ -368,12 +367,9 @@ class AdaFEST(Mechanism):
                             is_table: Sequence[bool], users: UserSegments) -> dict[int, TableFilter]:
         """:meth:`_table_filters` with each *user's* contribution vector clipped to ``C1`` (user-level DP).
 
-        DP-AdaFEST+ filters inside preselected rows with its own per-example
-        map; it refuses the user level rather than bound the wrong unit.
+        A subclass that filters on another domain (DP-AdaFEST+: the
+        preselected rows) overrides both this and :meth:`_table_filters`.
         """
-        if isinstance(self, UsesSelection):
-            raise ValueError(f"{self._label} does not support the user level yet: its filter inside the "
-                             "preselected rows bounds each example, not each user; use DP-AdaFEST or DP-SGD")
         return self._filters_by_table(lookups, variables, is_table, users)
 
     def _filters_by_table(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],

@@ -13,7 +13,9 @@ composes the two sparsity mechanisms:
    (they neither count towards ``n_i`` nor receive gradient), false positives
    are drawn among the kept rows that the batch did not look up, and the
    result is mapped back to row ids. Rows outside the preselected set never
-   change.
+   change. At the user level each *user's* contribution vector over the
+   kept positions is clipped to ``C1`` (as DP-AdaFEST does over all rows),
+   and the private selection counts users per bucket.
 
 Dense variables get DP-SGD noise with ``sigma2``. Accounting: the selection's
 one-off event (RDP accountant only when private, see
@@ -38,6 +40,7 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
+from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.mechanisms import adafest
 from tfdp_sparse.mechanisms.bucket_selection import BucketSelection
 from tfdp_sparse.mechanisms.dpfest import UsesSelection, selection_for
@@ -65,11 +68,18 @@ def filter_in_domains(
     sigma1: float,
     C1: float,
     rng: tf.random.Generator,
+    users: Optional[UserSegments] = None,
 ) -> list[adafest.TableFilter]:
-    """:func:`adafest.contribution_filter` restricted to sorted candidate sets, in row ids."""
+    """:func:`adafest.contribution_filter` restricted to sorted candidate sets, in row ids.
+
+    ``users`` (user level): each user's contribution vector over the kept
+    positions is clipped to ``C1`` together, as :func:`adafest.contribution_filter`
+    does over all rows; the kept sets are fixed before training, so the map
+    from rows to positions is public and the bound carries over.
+    """
     positions = [None if ids is None else to_domain_positions(ids, d) for ids, d in zip(lookups, domains)]
     sizes = [int(d.shape[0]) for d in domains]
-    filters = adafest.contribution_filter(positions, sizes, tau=tau, sigma1=sigma1, C1=C1, rng=rng)
+    filters = adafest.contribution_filter(positions, sizes, tau=tau, sigma1=sigma1, C1=C1, rng=rng, users=users)
     out = []
     for result, domain in zip(filters, domains):
         out.append(
@@ -113,6 +123,15 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
         self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable], is_table: Sequence[bool]
     ) -> dict:
         """AdaFEST's filter run inside each table's preselected (kept) rows."""
+        return self._domain_filters(lookups, variables, is_table, None)
+
+    def _user_table_filters(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],
+                            is_table: Sequence[bool], users: UserSegments) -> dict:
+        """:meth:`_table_filters` with each *user's* map over the kept rows clipped to ``C1`` (user level)."""
+        return self._domain_filters(lookups, variables, is_table, users)
+
+    def _domain_filters(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],
+                        is_table: Sequence[bool], users: Optional[UserSegments]) -> dict:
         kept = self.selection.kept_sets(variables, is_table)
         tables = [i for i, t in enumerate(is_table) if t]
         domains = [kept[i] for i in tables]
@@ -124,6 +143,7 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
             sigma1=self.sigma1,
             C1=self.C1,
             rng=self.rng,
+            users=users,
         )
         return dict(zip(tables, filters))
 

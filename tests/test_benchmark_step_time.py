@@ -217,3 +217,26 @@ def test_predraw_ab_prints_both_settings_and_their_ratio(tmp_path):
     assert all(line["steps"] == 2 and line["step_ms"] > 0 for line in lines[:2])
     assert lines[2]["ratio"] == "predraw/sync" and lines[2]["value"] == round(lines[0]["step_ms"] / lines[1]["step_ms"], 3)
     assert [json.loads(l) for l in out.getvalue().splitlines()] == lines == [json.loads(l) for l in path.read_text().splitlines()]
+
+
+def _dies(*_args) -> dict:
+    """Stands for a configuration whose process is killed (run in the child by run_isolated)."""
+    import os
+
+    os._exit(9)
+
+
+def test_isolated_configurations_give_the_same_lines_and_a_dead_child_gives_an_error_line():
+    from benchmarks.step_time import runner
+    from tfdp_sparse.layers.tpu import EmbeddingBackend
+
+    out = io.StringIO()
+    lines = step_time.run_from_argv(["step_time", "--vocab=1000", "--batch=16", "--steps=2", "--warmup=1",
+                                     "--algorithms=sgd,eana", "--isolate"], out=out, progress=io.StringIO())
+    configs = [r for r in lines if "ratio" not in r]
+    assert [(r["algorithm"], r["vocab"], r["steps"]) for r in configs] == [("sgd", 1000, 2), ("eana", 1000, 2)]
+    assert all("error" not in r and r["step_ms"] > 0 for r in configs)
+    assert any(r.get("ratio") == "step_ms/sgd" and r["algorithm"] == "eana" for r in lines)
+    settings = {"model": "micro", "batch": 16, "dim": 64, "seed": 0}
+    record = runner.run_isolated("sgd", 1000, settings, EmbeddingBackend.KERAS, ["sgd"], target=_dies)
+    assert "process died" in record["error"] and record["algorithm"] == "sgd"

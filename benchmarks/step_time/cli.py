@@ -45,6 +45,8 @@ def define_flags() -> None:
     flags.DEFINE_bool("predraw_dense_noise", False, "DPOptimizer(predraw_dense_noise=...): draw the dense layers' noise "
                       "before the mechanism's rule, concurrently with the forward and backward passes (a speed setting).")
     flags.DEFINE_string("output", None, "Also append the JSON lines to this file.")
+    flags.DEFINE_bool("isolate", False, "Time each configuration in a fresh process (memory returned between "
+                      "configurations: needed for several 10^7-row models in one run).")
     flags.DEFINE_enum("embedding_backend", EmbeddingBackend.KERAS.value, [b.value for b in EmbeddingBackend],
                       "tpu_emulator: also time every configuration on the TPU program's CPU emulator and print "
                       "its overhead over the Keras path (ratio tpu_emulator/keras, same run); tpu needs a TPU.")
@@ -53,7 +55,7 @@ def define_flags() -> None:
 _OWN_FLAGS = (
     "algorithms", "vocab", "dim", "batch", "model", "vocab_scale", "warmup", "steps", "min_steps",
     "max_seconds_per_config", "noise_multiplier", "l2_norm_clip", "learning_rate", "extra", "seed", "output",
-    "embedding_backend", "predraw_dense_noise",
+    "embedding_backend", "predraw_dense_noise", "isolate",
 )
 
 
@@ -126,6 +128,7 @@ def settings_from_flags() -> dict:
         "steps": FLAGS.steps,
         "min_steps": min(FLAGS.min_steps, FLAGS.steps),
         "max_seconds": FLAGS.max_seconds_per_config,
+        "isolate": FLAGS.isolate,
         "noise_multiplier": FLAGS.noise_multiplier,
         "l2_norm_clip": FLAGS.l2_norm_clip,
         "learning_rate": FLAGS.learning_rate,

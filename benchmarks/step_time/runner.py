@@ -7,12 +7,14 @@ build or run prints an ``error`` line and the run goes on.
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
+import multiprocessing
 import os
 import sys
 import time
 import traceback
-from typing import Sequence, TextIO, Union
+from typing import Callable, Sequence, TextIO, Union
 
 import tensorflow as tf
 
@@ -91,6 +93,26 @@ def run_one(algorithm: str, vocab_or_scale: VocabOrScale, settings: dict, backen
         return error_record(algorithm, vocab_or_scale, settings, backend, exc)
 
 
+def run_isolated(algorithm: str, vocab_or_scale: VocabOrScale, settings: dict, backend: EmbeddingBackend,
+                 available: Sequence[str], target: Callable[..., dict] = run_one) -> dict:
+    """:func:`run_one` in a fresh process, whose memory the OS gets back when it ends.
+
+    One process timing every configuration keeps growing (seven models of
+    10^7 rows reached 24 GB and were OOM-killed); a child per configuration
+    costs a TensorFlow import (seconds). A child that dies (killed for
+    memory) gives the configuration's error record, and the run goes on.
+    ``target``: what the child runs (a module-level function; :func:`run_one`).
+    """
+    context = multiprocessing.get_context("spawn")  # no forked TensorFlow runtime
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        future = pool.submit(target, algorithm, vocab_or_scale, settings, backend, available)
+        try:
+            return future.result()
+        except concurrent.futures.process.BrokenProcessPool as exc:
+            return error_record(algorithm, vocab_or_scale, settings, backend,
+                                RuntimeError(f"the configuration's process died (out of memory?): {exc}"))
+
+
 def run(settings: dict, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> list[dict]:
     """Runs every configuration in ``settings``; returns all printed records."""
     available = mechanisms.available()
@@ -104,8 +126,11 @@ def run(settings: dict, out: TextIO = sys.stdout, progress: TextIO = sys.stderr)
             progress.write(f"{label} ...\n")
             progress.flush()
             t0 = time.perf_counter()
-            record = run_one(algo, size, settings, backend, available, progress)
-            _free()
+            if settings.get("isolate", False):
+                record = run_isolated(algo, size, settings, backend, available)
+            else:
+                record = run_one(algo, size, settings, backend, available, progress)
+                _free()
             records.append(record)
             _emit(record, sinks)
             status = record.get("error") or f"step_ms={record['step_ms']} ({record['steps']} steps)"

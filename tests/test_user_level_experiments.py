@@ -145,3 +145,15 @@ def test_step_time_smoke_lines(step_time_smoke):
         if reference == summary["config"]:
             assert summary["ratio_step_ms"] == summary["ratio_us_per_example"] == 1.0
         assert math.isfinite(summary["ratio_us_per_example"])
+
+
+def test_dual_encoder_100k_plot_reads_every_series_from_the_results(tmp_path):
+    from experiments import user_level_dual_encoder_100k_plot as de_plot
+
+    points = de_plot.series()
+    assert set(points) == {de_plot.EXAMPLE, "user k=1, 5,120 users/step", "user k=5, 1,024 users/step",
+                           "user k=20, 256 users/step", "user k=5, 5,120 users/step"}
+    assert [eps for eps, _ in points["user k=1, 5,120 users/step"]] == [1.0, 4.0, 8.0]
+    assert len(points["user k=5, 1,024 users/step"]) == 4  # epsilon 1, 4 (twice), 8
+    assert de_plot.main([f"--output={tmp_path / 'p.png'}"]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

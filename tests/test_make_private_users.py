@@ -11,6 +11,7 @@ import tensorflow as tf
 from tfdp_sparse.clipping.user_norms import UserClipMethod
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
+from tfdp_sparse.keras_stack import is_keras_3
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 N, USERS, K = 400, 40, 3
@@ -102,9 +103,10 @@ def test_resuming_with_another_unit_is_refused(tmp_path):
                                  batch_size=8, steps=2, loss=_loss, noise_seed=0)
     example_level.compile()
     example_level.fit(x, y, verbose=0)
-    example_level.save_weights(str(tmp_path / "ckpt"))
+    path = str(tmp_path / ("ckpt.weights.h5" if is_keras_3() else "ckpt"))  # Keras 3 names its weights files
+    example_level.save_weights(path)
     user_level = _user_private(model)
-    user_level.load_weights(str(tmp_path / "ckpt"))
+    user_level.load_weights(path)
     with pytest.raises(ValueError, match="one ledger cannot mix two units"):
         user_level.fit(x, y, user_ids=users, verbose=0)
 

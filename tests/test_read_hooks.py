@@ -42,7 +42,7 @@ def test_reads_pass_unique_ids_and_reads_of_all_rows_pass_every_row():
     hooked.before_read("t1", tf.constant([[4, 1, 4], [1, 0, 0]]), training=True)
     hooked.before_read_all(training=False)
     assert owner.calls == [("read", "t1:0", [0, 1, 4]), ("inference", "t1:0", 5), ("inference", "t2:0", 3)]
-    assert hooked.owners() == [owner]
+    assert [hooked.hooks(name).owners() for name in ("t1", "t2")] == [[owner], [owner]]
 
 
 def test_nothing_runs_without_hooks_and_owners_are_weak():

@@ -124,13 +124,6 @@ class HookedTables:
         """The hooks of table ``name``."""
         return self._hooks[name]
 
-    def owners(self) -> list:
-        """The live owners of any table's hooks, each once."""
-        found: list = []
-        for hooks in self._hooks.values():
-            found.extend(o for o in hooks.owners() if all(o is not f for f in found))
-        return found
-
     def before_read(self, name: str, ids: tf.Tensor, training) -> list:
         """Runs table ``name``'s read (``training``) or inference hooks for the unique values of ``ids``.
 

@@ -357,23 +357,14 @@ class AdaFEST(Mechanism):
     #: Name used in error messages.
     _label = "DP-AdaFEST"
 
-    def _table_filters(
-        self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable], is_table: Sequence[bool]
-    ) -> dict[int, TableFilter]:
-        """Variable index -> the rows kept (true and false positives) for each table."""
-        return self._filters_by_table(lookups, variables, is_table, None)
+    def _table_filters(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],
+                       is_table: Sequence[bool], users: Optional[UserSegments]) -> dict[int, TableFilter]:
+        """Variable index -> the rows kept (true and false positives) for each table.
 
-    def _user_table_filters(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],
-                            is_table: Sequence[bool], users: UserSegments) -> dict[int, TableFilter]:
-        """:meth:`_table_filters` with each *user's* contribution vector clipped to ``C1`` (user-level DP).
-
-        A subclass that filters on another domain (DP-AdaFEST+: the
-        preselected rows) overrides both this and :meth:`_table_filters`.
+        ``users`` (user level): each *user's* contribution vector is clipped to
+        ``C1``, else each example's. A subclass that filters on another domain
+        (DP-AdaFEST+: the preselected rows) overrides this.
         """
-        return self._filters_by_table(lookups, variables, is_table, users)
-
-    def _filters_by_table(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],
-                          is_table: Sequence[bool], users: Optional[UserSegments]) -> dict[int, TableFilter]:
         tables = [i for i, t in enumerate(is_table) if t]
         filters = self.filter([lookups[i] for i in tables], [int(variables[i].shape[0]) for i in tables],
                               [variables[i].name for i in tables], users)
@@ -382,10 +373,7 @@ class AdaFEST(Mechanism):
     def apply(self, step: StepGrads) -> NoisedGradients:
         grads, variables = step.grads, step.variables
         lookups = check_lookups(grads, variables, step.is_table, step.lookups, self._label)
-        if step.users is None:
-            by_index = self._table_filters(lookups, variables, step.is_table)
-        else:
-            by_index = self._user_table_filters(lookups, variables, step.is_table, step.users)
+        by_index = self._table_filters(lookups, variables, step.is_table, step.users)
         stddev = self.sigma2 * self.l2_norm_clip
         out: list[Gradient] = []
         count = tf.constant(0, tf.int64)

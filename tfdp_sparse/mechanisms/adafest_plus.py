@@ -119,19 +119,9 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
 
     _label = "DP-AdaFEST+"
 
-    def _table_filters(
-        self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable], is_table: Sequence[bool]
-    ) -> dict:
-        """AdaFEST's filter run inside each table's preselected (kept) rows."""
-        return self._domain_filters(lookups, variables, is_table, None)
-
-    def _user_table_filters(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],
-                            is_table: Sequence[bool], users: UserSegments) -> dict:
-        """:meth:`_table_filters` with each *user's* map over the kept rows clipped to ``C1`` (user level)."""
-        return self._domain_filters(lookups, variables, is_table, users)
-
-    def _domain_filters(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],
-                        is_table: Sequence[bool], users: Optional[UserSegments]) -> dict:
+    def _table_filters(self, lookups: Sequence[Optional[tf.Tensor]], variables: Sequence[tf.Variable],
+                       is_table: Sequence[bool], users: Optional[UserSegments]) -> dict:
+        """AdaFEST's filter run inside each table's preselected (kept) rows; ``users``: each user's map clipped."""
         kept = self.selection.kept_sets(variables, is_table)
         tables = [i for i, t in enumerate(is_table) if t]
         domains = [kept[i] for i in tables]

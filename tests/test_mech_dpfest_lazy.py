@@ -145,7 +145,7 @@ def test_step_touches_only_read_kept_rows_and_counts_them():
     changed = np.where(np.any(table.numpy() != before, axis=1))[0]
     np.testing.assert_array_equal(changed, [3, 9, 11])  # 7 is read but not kept; 500 is kept, not read
     assert int(metrics["embedding_values"]) == 3 * 4
-    assert mech.pending_rows() == {"emb": 1}
+    assert mech.pending_rows() == {"emb": 4}  # 500 owes step 1; 3, 9, 11 owe its noise until their next read
     assert mech.step_event(0.01) == DPFEST.of(1.0, 1.0, kept_ids=[[3]]).step_event(0.01)
 
 

@@ -38,10 +38,20 @@ Per step ``t`` (``k = completed_steps = t - 1``):
 1. *read hook* (registered on every :class:`~tfdp_sparse.layers.DPEmbedding`
    and hooked table by :meth:`LazyDP.bind_model`): the rows the batch reads catch up to ``k``
    and ``last[r] = k``;
-2. :meth:`LazyDP.privatize`: the unique touched rows get the summed clipped
-   gradient plus ``N(0, sigma^2 C^2)`` (like EANA) and ``last[r] = t``; dense
-   variables get ordinary DP-SGD noise; ``eta_t^2`` joins the running sum;
+2. :meth:`LazyDP.privatize`: the unique touched rows get their summed
+   clipped gradient *without* noise, and ``last[r]`` stays ``k``: step
+   ``t``'s noise on them is owed like any skipped step's and joins the one
+   Gaussian of their next catch-up (read, flush or export). A row read at
+   every step thus costs one draw per step, not a catch-up draw plus a step
+   draw. On parameter servers (sharded tables) the update still carries
+   ``N(0, sigma^2 C^2)`` and the servers mark ``last[r] = t`` with it
+   (:mod:`.lazydp_sharded`). Dense variables get ordinary DP-SGD noise;
+   ``eta_t^2`` joins the running sum;
 3. the optimizer scatters ``eta_t / B`` times the touched rows (plain SGD).
+
+Between a step and the next read, a touched row holds its gradient without
+that step's noise: like every row that owes noise, it must not leave the
+mechanism before a flush (the export and inference guards below).
 
 Nothing pending may escape: :meth:`LazyDP.flush` applies all pending noise
 (one dense pass per table); reads outside training (evaluation, ``predict``)
@@ -171,7 +181,6 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
         with tf.control_dependencies([in_step]):
             now = tf.cast(context.step, tf.int32) + 1
             recorded = self._record_learning_rate(context.learning_rate, now)
-        marks = [recorded]
         domains = self._noised_domains(step)
         out: list[Gradient] = []
         count = tf.constant(0, tf.int64)
@@ -193,13 +202,12 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
             if not isinstance(grad, tf.IndexedSlices):
                 raise TypeError(f"LazyDP expects IndexedSlices for table {var.name!r}, got {type(grad).__name__}")
             ids, summed = self._rows_to_noise(grad, domain)
-            noised = summed + self.gaussian_noise(tf.shape(summed), stddev)
-            if not is_sharded(var):  # sharded: ShardedDPOptimizer calls mark_shard_rows with its update
-                with tf.control_dependencies([recorded]):
-                    marks.append(self._histories[i].scatter_update(tf.IndexedSlices(tf.fill(tf.shape(ids), now), ids)))
-            out.append(tf.IndexedSlices(noised, ids, grad.dense_shape))
+            if is_sharded(var):  # the update carries the step's noise; ShardedDPOptimizer marks the rows with it
+                summed = summed + self.gaussian_noise(tf.shape(summed), stddev)
+            # else the step's noise waits, with the rest a row owes, for its next read or flush (one draw)
+            out.append(tf.IndexedSlices(summed, ids, grad.dense_shape))
             count += tf.cast(tf.size(ids), tf.int64) * int(var.shape[1])
-        with tf.control_dependencies(marks):  # the next reads catch rows up to this step
+        with tf.control_dependencies([recorded]):  # the next reads catch rows up to this step
             advanced = self.completed_steps.assign(tf.cast(now, tf.int64))
         with tf.control_dependencies([advanced]):
             return NoisedGradients(out, tf.identity(count))

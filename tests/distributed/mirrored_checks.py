@@ -201,12 +201,13 @@ LAZY_DPFEST_KEPT = np.concatenate([np.arange(0, SHARED_ROWS // 2, 2), np.arange(
 
 
 def lazy_noise(strategy, mech=None, kept=None) -> dict:
-    """KS p-values of LazyDP's catch-up + step noise on rows first read at step 2, by both replicas.
+    """KS p-values of LazyDP's catch-up on rows first read at step 2, by both replicas, and after the flush.
 
-    Zero loss, lr = B = 1: after step 2 a row first read then carries two steps of noise,
-    ``N(0, 2 sigma^2 C^2)``, once its catch-up is drawn once per global batch; drawn per replica
-    it would carry three (``sigma^2`` more per replica that read it). ``mech``/``kept``: a lazy
-    DP-FEST and its kept rows (the samples are the kept rows; the others must stay zero).
+    Zero loss, lr = B = 1: after step 2 a row first read then carries step 1's noise,
+    ``N(0, sigma^2 C^2)``, when its catch-up is drawn once per global batch (step 2's noise waits for
+    its next read); drawn per replica it would carry ``2 sigma^2``. After the flush it carries both
+    steps, ``N(0, 2 sigma^2 C^2)``. ``mech``/``kept``: a lazy DP-FEST and its kept rows (the samples
+    are the kept rows; the others must stay zero).
     """
     mech = LazyDP.of(SIGMA, 1.0) if mech is None else mech
     kept = np.arange(SHARED_ROWS) if kept is None else kept
@@ -222,12 +223,14 @@ def lazy_noise(strategy, mech=None, kept=None) -> dict:
         step(x, y)
     copies = _copies(model)[0]
     samples = -copies[0][kept[kept >= half]].ravel()
-    std = SIGMA * np.sqrt(2.0)
     pending = mech.pending_rows()["emb"]
     mech.flush()  # before evaluation / export: every copy gets the same deferred noise
     flushed = _copies(model)[0]
-    return {f"p_{label}": float(scipy.stats.kstest(samples, "norm", args=(0.0, std * f)).pvalue)
+    both_steps = -flushed[0][kept[kept >= half]].ravel()
+    return {f"p_{label}": float(scipy.stats.kstest(samples, "norm", args=(0.0, SIGMA * f)).pvalue)
             for label, f in (("sigma", 1.0), ("low", 2 / 3), ("high", 4 / 3))} | {
+        f"p_flushed_{label}": float(scipy.stats.kstest(both_steps, "norm", args=(0.0, SIGMA * np.sqrt(2.0) * f)).pvalue)
+        for label, f in (("sigma", 1.0), ("low", 2 / 3), ("high", 4 / 3))} | {
         "copies_max_diff": float(np.max(np.abs(copies[0] - copies[1]))), "pending": pending,
         "pending_after_flush": mech.pending_rows()["emb"],
         "flushed_copies_max_diff": float(np.max(np.abs(flushed[0] - flushed[1]))),

@@ -78,12 +78,18 @@ def test_per_replica_noising_fails_the_same_check(checks):
 
 
 def test_lazydp_catch_up_drawn_once_per_global_batch(checks):
-    """LazyDP with noise: rows first read at step 2 by both replicas carry N(0, 2 sigma^2 C^2), copies equal."""
+    """LazyDP with noise: rows first read at step 2 by both replicas carry N(0, sigma^2 C^2), copies equal.
+
+    Step 1's noise, caught up once per global batch (per replica would give 2 sigma^2); after the flush
+    they carry step 2's too, N(0, 2 sigma^2 C^2).
+    """
     got = checks["lazy_noise"]
     assert got["p_sigma"] > 1e-5, got
     assert got["p_low"] < 1e-6 and got["p_high"] < 1e-6, got
+    assert got["p_flushed_sigma"] > 1e-5, got
+    assert got["p_flushed_low"] < 1e-6 and got["p_flushed_high"] < 1e-6, got
     assert got["copies_max_diff"] == 0.0, got
-    assert got["pending"] == 200, got  # the rows read at step 1 only owe step 2's noise
+    assert got["pending"] == 400, got  # every row owes step 2's noise (the rows read at step 2 too)
     assert got["pending_after_flush"] == 0 and got["flush_moved"] > 0, got
     assert got["flushed_copies_max_diff"] == 0.0, got
     assert checks["refusals"]["lazydp_noise"] == "no error"
@@ -94,8 +100,10 @@ def test_lazy_dpfest_catch_up_drawn_once_per_global_batch(checks):
     got = checks["lazy_dpfest_noise"]
     assert got["p_sigma"] > 1e-5, got
     assert got["p_low"] < 1e-6 and got["p_high"] < 1e-6, got
+    assert got["p_flushed_sigma"] > 1e-5, got
+    assert got["p_flushed_low"] < 1e-6 and got["p_flushed_high"] < 1e-6, got
     assert got["copies_max_diff"] == 0.0 and got["flushed_copies_max_diff"] == 0.0, got
-    assert got["pending"] == 100, got  # the kept rows read at step 1 only owe step 2's noise
+    assert got["pending"] == 300, got  # every kept row owes step 2's noise: 100 read at step 1, 200 at step 2
     assert got["pending_after_flush"] == 0 and got["flush_moved"] > 0, got
     assert got["other_rows_max_abs"] == 0.0, got
 

@@ -149,6 +149,21 @@ def test_step_touches_only_read_kept_rows_and_counts_them():
     assert mech.step_event(0.01) == DPFEST.of(1.0, 1.0, kept_ids=[[3]]).step_event(0.01)
 
 
+def test_a_catch_up_draws_only_for_the_read_rows_that_owe_noise():
+    model = _pooled_model(1000, 4)
+    mech = LazyDPFEST.of(1.0, 1.0, kept_ids=[np.array([3, 9, 11, 500])], seed=0)
+    mech.bind_model(model)
+    table = model.get_layer("emb").embeddings
+    step = PrivateStep(model, _bce, DPOptimizer(mech, 0.1, expected_batch_size=4))
+    step(tf.constant([[3, 7], [7, 9], [3, 3], [11, -1]], tf.int64), tf.zeros([4]))
+    ids, noise = mech.owed_rows(table, tf.constant([7, 500, 3, 42], tf.int64), 1)
+    np.testing.assert_array_equal(ids.numpy(), [500, 3])  # 7 and 42 are not kept: nothing drawn for them
+    assert noise.shape == (2, 4) and np.all(noise.numpy() != 0)
+    ids, noise = mech.owed_rows(table, tf.constant([3, 500], tf.int64), 1)  # caught up: nothing owed
+    assert ids.shape == (0,) and noise.shape == (0, 4)
+    assert mech.pending_rows() == {"emb": 2}  # 9 and 11 still owe step 1
+
+
 def test_nothing_pending_is_exported_or_saved(tmp_path):
     model, mech, step = _trained()
     table = model.get_layer("emb").embeddings

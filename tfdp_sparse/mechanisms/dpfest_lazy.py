@@ -120,6 +120,14 @@ class LazyDPFEST(DPFESTRule, LazyDP):
         kept = to_domain_positions(ids, domain) >= 0
         return tf.boolean_mask(ids, kept), tf.boolean_mask(summed, kept)
 
+    def _owing_rows(self, ids: tf.Tensor, last: tf.Tensor, k: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Only the read rows that owe noise: most rows a batch reads are outside the kept set.
+
+        Example: ids ``[4, 7, 9]``, last ``[2, NEVER_OWES, 3]``, ``k = 3`` -> ``([4], [2])``.
+        """
+        owes = last < k
+        return tf.boolean_mask(ids, owes), tf.boolean_mask(last, owes)
+
     @_no_autograph
     def _flush_table(self, i: int):
         """Catches the ``k`` kept rows of table ``i`` up (the other rows owe nothing)."""

@@ -217,6 +217,16 @@ class LazyCatchUp:
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
         return table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
 
+    def _owing_rows(self, ids: tf.Tensor, last: tf.Tensor, k: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(ids, last)`` of the read rows a catch-up draws for: LazyDP, all of them.
+
+        Since a step's noise on its touched rows waits for their next read,
+        nearly every row a step reads owes something, so selecting the owing
+        ones would cost more than it saves. DP-FEST's lazy rule overrides this.
+        """
+        del k
+        return ids, last
+
     @_no_autograph
     def owed_rows(self, table: tf.Variable, unique_ids: tf.Tensor, completed_steps) -> tuple[tf.Tensor, tf.Tensor]:
         """``(ids, noise to subtract)`` owed by ``unique_ids`` when caught up to ``completed_steps``.
@@ -233,7 +243,7 @@ class LazyCatchUp:
         ids = tf.cast(unique_ids, tf.int64)
         history = self._histories[i]
         k = tf.cast(completed_steps, tf.int32)
-        last = history_rows(history, ids)
+        ids, last = self._owing_rows(ids, history_rows(history, ids), k)
         noise = self._deferred_noise(last, k, tf.stack([tf.size(ids), width]), self._scale())
         with tf.control_dependencies([noise]):
             update = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))

@@ -39,3 +39,11 @@ def test_the_baseline_and_unknown_algorithms_are_refused(algorithms, capsys):
     with pytest.raises(SystemExit):
         paired.main([f"--algorithms={algorithms}", "--vocab=100"])
     assert "not private algorithms" in capsys.readouterr().err
+
+
+def test_the_pctr_model_pairs_at_a_vocabulary_scale():
+    (line,) = paired.main(["--model=pctr", "--algorithms=lazydp", "--vocab_scale=0.0001", "--rounds=1",
+                           "--warmup=1", "--batch=32"])
+    assert "error" not in line, line
+    assert (line["model"], line["vocab"], line["batch"], line["steps"]) == ("pctr", 0.0001, 32, 2)
+    assert line["ratio"] == pytest.approx(line["step_ms"] / line["sgd_ms"], abs=1e-3)

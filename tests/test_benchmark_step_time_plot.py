@@ -60,3 +60,26 @@ def test_nothing_to_plot_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="no configuration lines to plot"):
         plot.main(["--input", only_ratios, "--output", str(tmp_path / "x.png")])
     assert not (tmp_path / "x.png").exists()
+
+
+PAIRS = [
+    {"paired": "lazydp", "vocab": 1000, "ratio": 1.7, "code": "main@old"},
+    {"paired": "lazydp", "vocab": 100, "ratio": 1.8, "code": "main@old"},
+    {"paired": "lazydp", "vocab": 100, "ratio": 1.5, "code": "new"},
+    {"paired": "lazydp", "vocab": 100, "ratio": 1.3, "code": "new"},  # repeated pair: median
+    {"paired": "eana", "vocab": 100, "error": "MemoryError"},
+    {"flatness": "lazydp", "vocabs": [100, 1000], "ratio_ratio": 0.94},
+]
+
+
+def test_ratio_series_per_algorithm_and_tree_sorted_by_vocab():
+    assert plot.ratio_series(PAIRS) == {"lazydp main@old": [(100, 1.8), (1000, 1.7)], "lazydp new": [(100, 1.4)]}
+
+
+def test_main_paired_writes_a_png_of_the_ratios(tmp_path):
+    output = tmp_path / "ratios.png"
+    series = plot.main(["--input", _write(tmp_path / "p.jsonl", PAIRS), "--output", str(output), "--paired"])
+    assert set(series) == {"lazydp main@old", "lazydp new"}
+    assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no pair lines"):
+        plot.main(["--input", _write(tmp_path / "q.jsonl", LINES), "--output", str(tmp_path / "y.png"), "--paired"])

@@ -4,7 +4,8 @@ On a shared 2-core machine two runs of the same configuration a minute
 apart differ by 20% (SGD at 10^5: 2.1 and 2.6 ms), more than the gaps this
 benchmark is for. Here every ``(algorithm, V)`` pair runs in a fresh process
 (memory back to the OS between pairs: a 10^7-row table is 2.5 GB) that
-builds the micro model twice, once trained by ``algorithm`` and once by
+builds the micro model (or, ``--model=pctr``, the 26-table pCTR model at each
+``--vocab_scale``) twice, once trained by ``algorithm`` and once by
 non-private SGD (same data and seeds), warms both up and then alternates
 them step by step (``A B B A`` rounds), so both see the same load. One JSON
 line per pair, then one flatness line per algorithm::
@@ -28,9 +29,10 @@ import json
 import multiprocessing
 import os
 import sys
-from typing import Optional, Sequence, TextIO
+from typing import Optional, Sequence, TextIO, Union
 
-from benchmarks.step_time.cli import parse_count, parse_extra
+from benchmarks.step_time.cli import parse_count, parse_extra, parse_scales
+from benchmarks.step_time.models import DEFAULT_BATCH
 from benchmarks.step_time.predraw_ab import build_step, interleaved_times
 from benchmarks.step_time.timing import summarize
 from tfdp_sparse import mechanisms
@@ -38,26 +40,28 @@ from tfdp_sparse import mechanisms
 BASELINE = mechanisms.NONPRIVATE
 
 
-def time_pair(algorithm: str, vocab: int, settings: dict) -> dict:
-    """The pair's line: ``algorithm`` and SGD at ``vocab`` rows, alternated (runs in the child process)."""
+def time_pair(algorithm: str, vocab: Union[int, float], settings: dict) -> dict:
+    """The pair's line: ``algorithm`` and SGD at ``vocab`` rows (pCTR: vocabulary scale), alternated (in the child)."""
     sized = {**settings, "size": vocab}
     steps = {BASELINE: build_step(BASELINE, False, sized), algorithm: build_step(algorithm, False, sized)}
     times = interleaved_times(steps, settings["rounds"], settings["warmup"])
     mine, base = summarize(times[algorithm], float("nan")), summarize(times[BASELINE], float("nan"))
-    return {"paired": algorithm, "model": "micro", "vocab": vocab, "batch": settings["batch"], "dim": settings["dim"],
+    return {"paired": algorithm, "model": settings["model"], "vocab": vocab, "batch": settings["batch"],
+            "dim": settings["dim"],
             "step_ms": mine["step_ms"], "step_ms_p10": mine["step_ms_p10"], "step_ms_p90": mine["step_ms_p90"],
             "sgd_ms": base["step_ms"], "ratio": round(mine["step_ms"] / base["step_ms"], 3),
             "steps": mine["steps"], "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
-def time_pair_isolated(algorithm: str, vocab: int, settings: dict) -> dict:
+def time_pair_isolated(algorithm: str, vocab: Union[int, float], settings: dict) -> dict:
     """:func:`time_pair` in a fresh process; a child that dies gives an error line and the run goes on."""
     context = multiprocessing.get_context("spawn")  # no forked TensorFlow runtime
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         try:
             return pool.submit(time_pair, algorithm, vocab, settings).result()
         except Exception as exc:  # noqa: BLE001 - one bad pair must not end the run
-            return {"paired": algorithm, "model": "micro", "vocab": vocab, "error": f"{type(exc).__name__}: {exc}"}
+            return {"paired": algorithm, "model": settings["model"], "vocab": vocab,
+                    "error": f"{type(exc).__name__}: {exc}"}
 
 
 def flatness_lines(lines: Sequence[dict]) -> list[dict]:
@@ -89,10 +93,13 @@ def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> list
     """Command line; prints and returns every line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algorithms", default="eana,adafest,adafest_plus,lazydp,dpfest", help="comma-separated")
+    parser.add_argument("--model", default="micro", choices=("micro", "pctr"))
     parser.add_argument("--vocab", default="1e5,1e6,1e7", help="comma-separated table sizes of the micro model")
+    parser.add_argument("--vocab_scale", default="1", help="pctr: comma-separated multipliers of the 26 Criteo "
+                        "vocabulary sizes (its lines' vocab)")
     parser.add_argument("--rounds", type=int, default=100, help="A B B A rounds (2 timed steps of each per round)")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=None, help="default: 1024 (micro), 2048 (pctr)")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--extra", default="dpfest:kept_noise=lazy",
                         help="mechanism knobs name=value or algorithm:name=value, comma-separated")
@@ -105,8 +112,12 @@ def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> list
         parser.error(f"--algorithms: {unknown} are not private algorithms of {mechanisms.available()}")
     if args.rounds < 1 or args.warmup < 1:
         parser.error("--rounds and --warmup must be at least 1")
-    vocabs = [parse_count(v) for v in args.vocab.split(",") if v.strip()]
-    settings = {"model": "micro", "batch": args.batch, "dim": args.dim, "seed": args.seed, "rounds": args.rounds,
+    if args.model == "micro":
+        vocabs: list = [parse_count(v) for v in args.vocab.split(",") if v.strip()]
+    else:
+        vocabs = parse_scales([v for v in args.vocab_scale.split(",") if v.strip()])
+    batch = args.batch if args.batch is not None else DEFAULT_BATCH[args.model]
+    settings = {"model": args.model, "batch": batch, "dim": args.dim, "seed": args.seed, "rounds": args.rounds,
                 "warmup": args.warmup, "learning_rate": 0.05, "noise_multiplier": 1.0, "l2_norm_clip": 1.0,
                 "extra": parse_extra([e for e in args.extra.split(",") if e.strip()])}
     lines = []

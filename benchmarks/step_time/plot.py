@@ -108,6 +108,55 @@ def plot_series(series: dict[str, list[Point]], output: str, title: str) -> None
     fig.savefig(output, format="png")
 
 
+def ratio_series(records: Iterable[dict]) -> dict[str, list[tuple[int, float]]]:
+    """``{name: [(vocab, ratio)] sorted by vocab}`` from :mod:`.paired`'s pair lines.
+
+    A line tagged ``code`` (which tree was timed) is its own series, ``"lazydp main@d7ff5d6"``;
+    error and flatness lines are left out; repeated pairs are merged at the median.
+
+    >>> ratio_series([{"paired": "eana", "vocab": 10, "ratio": 1.5}, {"paired": "eana", "vocab": 10, "ratio": 1.3},
+    ...               {"flatness": "eana", "ratio_ratio": 1.0}])
+    {'eana': [(10, 1.4)]}
+    """
+    grouped: dict[str, dict[int, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for record in records:
+        if "paired" not in record or "ratio" not in record:
+            continue
+        name = record["paired"] + (f" {record['code']}" if record.get("code") else "")
+        grouped[name][int(record["vocab"])].append(float(record["ratio"]))
+    return {name: [(v, round(statistics.median(r), 6)) for v, r in sorted(by.items())] for name, by in grouped.items()}
+
+
+def plot_ratios(series: dict[str, list[tuple[int, float]]], output: str, title: str, goal: Optional[float]) -> None:
+    """Writes a PNG of the same-process ratio to SGD against V (log x), one line per series, to ``output``.
+
+    Series of one algorithm share a colour; the first tree (sorted) is dashed, the others solid.
+    """
+    if not series:
+        raise ValueError("no pair lines to plot (python -m benchmarks.step_time.paired writes them)")
+    from matplotlib.figure import Figure  # no pyplot: no global figure state
+
+    fig = Figure(figsize=(7.5, 5.0), dpi=120)
+    ax = fig.subplots()
+    algorithms = sorted({name.split(" ")[0] for name in series})
+    trees = sorted({name.partition(" ")[2] for name in series})
+    colours = {a: f"C{i}" for i, a in enumerate(algorithms)}
+    for name, points in sorted(series.items()):
+        algorithm, _, tree = name.partition(" ")
+        ax.plot([v for v, _ in points], [r for _, r in points], marker="o", label=name, color=colours[algorithm],
+                linestyle="--" if len(trees) > 1 and tree == trees[0] else "-")
+    ax.axhline(1.0, color="black", linestyle=":", label="SGD (same process)")
+    if goal is not None:
+        ax.axhline(goal, color="grey", linestyle="-.", label=f"goal {goal:g}x")
+    ax.set_xscale("log")
+    ax.set_xlabel("vocabulary V (table rows)")
+    ax.set_ylabel("step time / SGD step time (median, alternated steps)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="x-small", ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.13))  # below: lines fill the axes
+    fig.savefig(output, format="png", bbox_inches="tight")
+
+
 def _title(records: Sequence[dict], model: str) -> str:
     """``"step time against V: micro model, batch 1024"`` (batch of the first configuration line)."""
     batches = sorted({r["batch"] for r in records if r.get("model") == model and "batch" in r and "ratio" not in r})
@@ -115,14 +164,21 @@ def _title(records: Sequence[dict], model: str) -> str:
     return f"step time against V: {model} model{batch}"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict[str, list[Point]]:
+def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Command line: ``--input`` JSON lines -> ``--output`` PNG; returns the plotted series."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="JSON lines of python -m benchmarks.step_time")
     parser.add_argument("--output", required=True, help="PNG to write")
     parser.add_argument("--model", default="micro", help="model whose lines to plot (micro: vocab = table rows)")
+    parser.add_argument("--paired", action="store_true",
+                        help="plot the ratio to SGD of benchmarks.step_time.paired's lines instead of step times")
+    parser.add_argument("--goal", type=float, default=1.3, help="--paired: the target ratio, drawn as a line")
     args = parser.parse_args(argv)
     records = read_lines(args.input)
+    if args.paired:
+        ratios = ratio_series(records)
+        plot_ratios(ratios, args.output, "private step over SGD's, alternated in one process: micro model", args.goal)
+        return ratios
     series = step_time_series(records, args.model)
     plot_series(series, args.output, _title(records, args.model))
     return series

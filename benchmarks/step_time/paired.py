@@ -33,7 +33,7 @@ from typing import Optional, Sequence, TextIO, Union
 
 from benchmarks.step_time.cli import parse_count, parse_extra, parse_scales
 from benchmarks.step_time.models import DEFAULT_BATCH
-from benchmarks.step_time.predraw_ab import build_step, interleaved_times
+from benchmarks.step_time.alternate import build_step, interleaved_times
 from benchmarks.step_time.timing import summarize
 from tfdp_sparse import mechanisms
 

@@ -21,43 +21,13 @@ import argparse
 import json
 import os
 import sys
-import time
-from typing import Callable, Optional, Sequence, TextIO
+from typing import Optional, Sequence, TextIO
 
-from benchmarks.step_time.mechanism import setup_mechanism
-from benchmarks.step_time.models import DEFAULT_BATCH, build_workload
-from benchmarks.step_time.steps import make_step
-from benchmarks.step_time.timing import _sync, summarize
-from tfdp_sparse.keras import DPOptimizer
-from tfdp_sparse.layers.tpu import EmbeddingBackend
+from benchmarks.step_time.alternate import build_step, interleaved_times
+from benchmarks.step_time.models import DEFAULT_BATCH
+from benchmarks.step_time.timing import summarize
 
 SETTINGS = (True, False)
-
-
-def build_step(algorithm: str, predraw: bool, settings: dict) -> Callable[[], dict]:
-    """The Keras private step of ``algorithm`` on ``settings["model"]`` with ``predraw_dense_noise=predraw``."""
-    model_name, batch, seed = settings["model"], settings["batch"], settings["seed"]
-    work = build_workload(model_name, settings["size"], batch, settings["dim"], seed)
-    mechanism = setup_mechanism(algorithm, settings, work.model, work.counts)
-    optimizer = DPOptimizer(mechanism, learning_rate=settings["learning_rate"], expected_batch_size=batch,
-                            predraw_dense_noise=predraw)
-    return make_step(work.model, work.loss_fn, optimizer, EmbeddingBackend.KERAS, model_name, batch, algorithm,
-                     work.batches)
-
-
-def interleaved_times(steps: dict, rounds: int, warmup: int) -> dict:
-    """``{setting: [ms per step]}``: ``warmup`` untimed steps each, then ``rounds`` of A B B A."""
-    for step in steps.values():
-        for _ in range(warmup):
-            _sync(step())
-    order = list(steps) + list(steps)[::-1]
-    times = {key: [] for key in steps}
-    for _ in range(rounds):
-        for key in order:
-            t0 = time.perf_counter()
-            _sync(steps[key]())
-            times[key].append((time.perf_counter() - t0) * 1e3)
-    return times
 
 
 def run_algorithm(algorithm: str, settings: dict) -> list[dict]:

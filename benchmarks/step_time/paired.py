@@ -24,16 +24,15 @@ smallest (the issue's flatness), ``ratio_ratio`` the same for ``ratio``
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import json
-import multiprocessing
 import os
 import sys
 from typing import Optional, Sequence, TextIO, Union
 
 from benchmarks.step_time.cli import parse_count, parse_extra, parse_scales
-from benchmarks.step_time.models import DEFAULT_BATCH
 from benchmarks.step_time.alternate import build_step, interleaved_times
+from benchmarks.step_time.models import DEFAULT_BATCH
+from benchmarks.step_time.reporting import _emit, open_sinks
+from benchmarks.step_time.runner import in_fresh_process
 from benchmarks.step_time.timing import summarize
 from tfdp_sparse import mechanisms
 
@@ -54,14 +53,12 @@ def time_pair(algorithm: str, vocab: Union[int, float], settings: dict) -> dict:
 
 
 def time_pair_isolated(algorithm: str, vocab: Union[int, float], settings: dict) -> dict:
-    """:func:`time_pair` in a fresh process; a child that dies gives an error line and the run goes on."""
-    context = multiprocessing.get_context("spawn")  # no forked TensorFlow runtime
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        try:
-            return pool.submit(time_pair, algorithm, vocab, settings).result()
-        except Exception as exc:  # noqa: BLE001 - one bad pair must not end the run
-            return {"paired": algorithm, "model": settings["model"], "vocab": vocab,
-                    "error": f"{type(exc).__name__}: {exc}"}
+    """:func:`time_pair` in a fresh process; a pair that fails or whose process dies gives an error line."""
+    try:
+        return in_fresh_process(time_pair, algorithm, vocab, settings)
+    except Exception as exc:  # noqa: BLE001 - one bad pair must not end the run
+        return {"paired": algorithm, "model": settings["model"], "vocab": vocab,
+                "error": f"{type(exc).__name__}: {exc}"}
 
 
 def flatness_lines(lines: Sequence[dict]) -> list[dict]:
@@ -78,15 +75,6 @@ def flatness_lines(lines: Sequence[dict]) -> list[dict]:
                     "sgd_ms_ratio": round(high["sgd_ms"] / low["sgd_ms"], 3),
                     "ratio_ratio": round(high["ratio"] / low["ratio"], 3)})
     return out
-
-
-def _emit(line: dict, out: TextIO, output: Optional[str]) -> None:
-    text = json.dumps(line)
-    out.write(text + "\n")
-    out.flush()
-    if output:
-        with open(output, "a") as f:
-            f.write(text + "\n")
 
 
 def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> list[dict]:
@@ -121,14 +109,14 @@ def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> list
                 "warmup": args.warmup, "learning_rate": 0.05, "noise_multiplier": 1.0, "l2_norm_clip": 1.0,
                 "extra": parse_extra([e for e in args.extra.split(",") if e.strip()])}
     lines = []
-    for vocab in vocabs:
-        for algorithm in algorithms:
-            line = time_pair_isolated(algorithm, vocab, settings)
+    with open_sinks(out, args.output) as sinks:
+        for vocab in vocabs:
+            for algorithm in algorithms:
+                lines.append(time_pair_isolated(algorithm, vocab, settings))
+                _emit(lines[-1], sinks)
+        for line in flatness_lines(lines):
             lines.append(line)
-            _emit(line, out, args.output)
-    for line in flatness_lines(lines):
-        lines.append(line)
-        _emit(line, out, args.output)
+            _emit(line, sinks)
     return lines
 
 

@@ -93,9 +93,24 @@ def run_one(algorithm: str, vocab_or_scale: VocabOrScale, settings: dict, backen
         return error_record(algorithm, vocab_or_scale, settings, backend, exc)
 
 
+def in_fresh_process(target: Callable, *args):
+    """``target(*args)`` in a fresh (spawned) process, whose memory the OS gets back when it ends.
+
+    ``target`` is a module-level function. An exception it raises is raised
+    here; a process that dies (killed for memory) raises ``RuntimeError``.
+    """
+    context = multiprocessing.get_context("spawn")  # no forked TensorFlow runtime
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        future = pool.submit(target, *args)
+        try:
+            return future.result()
+        except concurrent.futures.process.BrokenProcessPool as exc:
+            raise RuntimeError(f"the configuration's process died (out of memory?): {exc}") from exc
+
+
 def run_isolated(algorithm: str, vocab_or_scale: VocabOrScale, settings: dict, backend: EmbeddingBackend,
                  available: Sequence[str], target: Callable[..., dict] = run_one) -> dict:
-    """:func:`run_one` in a fresh process, whose memory the OS gets back when it ends.
+    """:func:`run_one` in a fresh process (:func:`in_fresh_process`).
 
     One process timing every configuration keeps growing (seven models of
     10^7 rows reached 24 GB and were OOM-killed); a child per configuration
@@ -103,14 +118,10 @@ def run_isolated(algorithm: str, vocab_or_scale: VocabOrScale, settings: dict, b
     memory) gives the configuration's error record, and the run goes on.
     ``target``: what the child runs (a module-level function; :func:`run_one`).
     """
-    context = multiprocessing.get_context("spawn")  # no forked TensorFlow runtime
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        future = pool.submit(target, algorithm, vocab_or_scale, settings, backend, available)
-        try:
-            return future.result()
-        except concurrent.futures.process.BrokenProcessPool as exc:
-            return error_record(algorithm, vocab_or_scale, settings, backend,
-                                RuntimeError(f"the configuration's process died (out of memory?): {exc}"))
+    try:
+        return in_fresh_process(target, algorithm, vocab_or_scale, settings, backend, available)
+    except RuntimeError as exc:
+        return error_record(algorithm, vocab_or_scale, settings, backend, exc)
 
 
 def run(settings: dict, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> list[dict]:

@@ -15,10 +15,11 @@ read (or flushed, or exported):
 Rows outside the kept set never change (as in eager DP-FEST) and never owe
 noise: their history holds :data:`~.lazydp_sharded.NEVER_OWES`, written once,
 on the first step (or flush) after the kept sets exist. Everything else is
-LazyDP's machinery (a catch-up draws only for the read rows that owe noise,
-:meth:`LazyDPFEST._owing_rows`: most rows a batch reads are outside the kept set): the read hooks on ``DPEmbedding`` and on
-hooked tables (keras-rs ``DistributedEmbedding``, :mod:`tfdp_sparse.layers.read_hooks`), the
-inference-read flush, the SavedModel and export refusals
+LazyDP's machinery (except that a catch-up draws only for the read rows that
+owe noise, :meth:`LazyDPFEST._owing_rows`, since most rows a batch reads are
+outside the kept set): the read hooks on ``DPEmbedding`` and on hooked
+tables (keras-rs ``DistributedEmbedding``, :mod:`tfdp_sparse.layers.read_hooks`),
+the inference-read flush, the SavedModel and export refusals
 (:func:`tfdp_sparse.export.ensure_no_pending_noise`), the Keras callbacks
 (:mod:`tfdp_sparse.keras.lazy`), the server-side catch-up on parameter
 servers, the once-per-global-batch catch-up under mirrored replicas and

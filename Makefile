@@ -9,7 +9,7 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test test-slow bench clean
+.PHONY: setup demo test test-full test-all test-slow bench clean
 
 $(STAMP): requirements.txt setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -29,14 +29,34 @@ demo: setup
 	$(PY) -m trainers.train_pctr --flagfile=configs/demo_private.cfg --metrics_out=$(OUT)/private.json --export_dir=$(OUT)/saved_model
 	$(PY) -m trainers.report $(OUT)/sgd.json $(OUT)/private.json
 
-# tests/distributed in processes of their own (logical devices; parameter-server clusters inside a
-# loopback-only network namespace, since tf.distribute.Server binds 0.0.0.0), then the main suite,
-# then the Keras 3 suite in a process of its own (the legacy switch is per process).
+# Two tiers (tests/tiers.py lists the tests of the full tier and the fast test that proves the same property):
+#   make test      the fast tier: every guarantee once, within 15 minutes on 2 cores; each test file under
+#                  60 s (TFDP_FILE_BUDGET_S: a file over it fails the run, by name);
+#   make test-all  the fast tier, then the full tier: everything (CI runs this through .ci/run).
+# Each tier: tests/distributed in processes of their own (logical devices; parameter-server clusters inside a
+# loopback-only network namespace, since tf.distribute.Server binds 0.0.0.0), then the main suite on both cores
+# (pytest-xdist, one TensorFlow thread per worker, a file's tests in one worker so module fixtures are shared),
+# then the Keras 3 suite the same way in processes of its own (the legacy switch is per process).
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider
+ON_BOTH_CORES := TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 OMP_NUM_THREADS=1 $(PYTEST) -n 2 --dist loadfile
+FAST := not slow and not full
+FULL := full and not slow
+# pytest exits 5 when a tier selects no test in a folder: for the full tier that is not an error.
+NONE_IS_FINE := || [ $$? -eq 5 ]
+
 test: setup
-	TFDP_DISTRIBUTED_TESTS=1 $(PY) -m pytest -q tests/distributed --ignore=tests/distributed/ps
-	TFDP_DISTRIBUTED_TESTS=1 unshare -rn sh -c 'ip link set lo up && exec $(PY) -m pytest -q tests/distributed/ps'
-	$(PY) -m pytest -q
-	TF_USE_LEGACY_KERAS=0 $(PY) -m pytest -q tests/keras3
+	TFDP_FILE_BUDGET_S=60 TFDP_DISTRIBUTED_TESTS=1 $(PYTEST) -m "$(FAST)" tests/distributed --ignore=tests/distributed/ps
+	TFDP_FILE_BUDGET_S=60 TFDP_DISTRIBUTED_TESTS=1 unshare -rn sh -c 'ip link set lo up && exec $(PYTEST) -m "$(FAST)" tests/distributed/ps'
+	TFDP_FILE_BUDGET_S=60 $(ON_BOTH_CORES) -m "$(FAST)"
+	TFDP_FILE_BUDGET_S=60 TF_USE_LEGACY_KERAS=0 $(ON_BOTH_CORES) -m "$(FAST)" tests/keras3
+
+test-full: setup
+	TFDP_DISTRIBUTED_TESTS=1 $(PYTEST) -m "$(FULL)" tests/distributed --ignore=tests/distributed/ps $(NONE_IS_FINE)
+	TFDP_DISTRIBUTED_TESTS=1 unshare -rn sh -c 'ip link set lo up && exec $(PYTEST) -m "$(FULL)" tests/distributed/ps' $(NONE_IS_FINE)
+	$(ON_BOTH_CORES) -m "$(FULL)" $(NONE_IS_FINE)
+	TF_USE_LEGACY_KERAS=0 $(ON_BOTH_CORES) -m "$(FULL)" tests/keras3 $(NONE_IS_FINE)
+
+test-all: test test-full
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -157,11 +158,42 @@ def load(path: str) -> dict:
         return _nested({k: f[k] for k in f.files})
 
 
+#: The committed tf-keras reference: ``<model>/initial.npz`` and ``<model>/<algorithm>.npz`` (weights after
+#: :func:`train` at :data:`SIGMA` on tf-keras). The Keras 3 suite compares against it (no tf-keras child per
+#: run); ``tests/test_keras3_reference.py`` recomputes it on tf-keras, so it cannot drift from the code.
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "keras3_reference")
+SIGMA = 1.0
+
+
+def reference(model: str, directory: str = FIXTURES) -> tuple[dict, dict]:
+    """``(initial weights, {algorithm: weights after tf-keras training})`` of ``model``, as committed."""
+    folder = os.path.join(directory, model)
+    return load(os.path.join(folder, "initial.npz")), {
+        a: load(os.path.join(folder, f"{a}.npz")) for a in algorithms(model)}
+
+
+def write_reference(directory: str = FIXTURES) -> None:
+    """Writes the reference of every model (run on tf-keras: ``TF_USE_LEGACY_KERAS=1``)."""
+    for model, build in MODELS.items():
+        folder = os.path.join(directory, model)
+        os.makedirs(folder, exist_ok=True)
+        initial = layer_weights(build())
+        save(os.path.join(folder, "initial.npz"), initial)
+        for algorithm in algorithms(model):
+            save(os.path.join(folder, f"{algorithm}.npz"), train(algorithm, initial, SIGMA, model=model))
+
+
 def main(argv: list[str]) -> None:
-    """``run_steps IN.npz OUT_DIR SIGMA MODEL ALGORITHM...``: trains from IN's weights, writes OUT_DIR/ALGORITHM.npz."""
-    source, target, sigma, model, *algorithms = argv
+    """``run_steps IN.npz OUT_DIR SIGMA MODEL ALGORITHM...``: trains from IN's weights, writes OUT_DIR/ALGORITHM.npz.
+
+    ``run_steps --write-reference [DIR]`` (on tf-keras) writes the committed reference (:data:`FIXTURES`).
+    """
+    if argv and argv[0] == "--write-reference":
+        write_reference(*argv[1:2])
+        return
+    source, target, sigma, model, *algorithms_ = argv
     initial = load(source)
-    for algorithm in algorithms:
+    for algorithm in algorithms_:
         save(f"{target}/{algorithm}.npz", train(algorithm, initial, float(sigma), model=model))
 
 

@@ -16,15 +16,16 @@ Example (1000 DP-SGD steps at q = 1%, Abadi et al. 2016, for ε = 1)::
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import dp_accounting
-from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from tfdp_sparse.accounting.epsilon import (
     RDP_ORDERS, _adaptive_pld, _pld_epsilon, _rdp_epsilon,
     compute_epsilon, dpsgd_event, epsilon_from_event)  # compute_epsilon: doctests
+from tfdp_sparse.accounting.memo import ACCOUNTANT_MEMO, event_key
+from tfdp_sparse.accounting.pld_memo import MemoPLDAccountant
 from tfdp_sparse.accounting.validation import (
     _is_real, _validate_accountant, _validate_int, _validate_target_epsilon,
     sampling_probability, validate_delta)
@@ -85,6 +86,37 @@ def calibrate_sigma(make_event: EventOf, target_epsilon: float, delta: float,
     def event_of(sigma: float) -> dp_accounting.DpEvent:
         return make_event(max(float(sigma), 0.0))
 
+    key = _family_key(event_of, target_epsilon, delta, accountant, tolerance)
+    sigma = ACCOUNTANT_MEMO.get_or_compute(key, lambda: _calibrate(
+        event_of, target_epsilon, delta, accountant, tolerance))
+    if epsilon_from_event(event_of(sigma), delta, accountant) > target_epsilon:
+        # Only a memoised σ of another family that looked the same at every
+        # probe could get here: compute this family's own.
+        sigma = _calibrate(event_of, target_epsilon, delta, accountant, tolerance)
+    return sigma
+
+
+# σ values at which a run-event family is described for the memo (odd values,
+# so that families differing anywhere that matters differ here too).
+_PROBES = (0.3711, 1.0, 2.7183, 9.4259)
+
+
+def _family_key(event_of: EventOf, *settings: object) -> Optional[tuple]:
+    """Memo key of a calibration: the family's events at the probes and the settings.
+
+    A memoised σ is still checked against the target with this family's own
+    event (`calibrate_sigma`), so a key shared by two families can cost time,
+    never the guarantee.
+    """
+    keys = tuple(event_key(event_of(p)) for p in _PROBES)
+    if any(k is None for k in keys):
+        return None
+    return ("calibrate", keys, *((type(s).__name__, s) for s in settings))
+
+
+def _calibrate(event_of: EventOf, target_epsilon: float, delta: float,
+               accountant: str, tolerance: float) -> float:
+    """`calibrate_sigma`'s search, after validation (not memoised)."""
     lo, hi = _rdp_bracket(event_of, target_epsilon, delta)
     if lo == 0.0:
         return hi  # Essentially no noise is needed.
@@ -147,8 +179,7 @@ def _pld_sigma(make_event: EventOf, rdp_sigma: float, target_epsilon: float,
             break
         upper, lower = lower, 0.75 * lower
     return float(dp_accounting.calibrate_dp_mechanism(
-        lambda: pld_privacy_accountant.PLDAccountant(
-            value_discretization_interval=interval),
+        lambda: MemoPLDAccountant(value_discretization_interval=interval),
         make_event, target_epsilon, delta,
         dp_accounting.ExplicitBracketInterval(lower, upper),
         tol=tolerance))

@@ -32,9 +32,10 @@ from typing import Optional
 
 import dp_accounting
 from dp_accounting import dp_event as _dp_event
-from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from tfdp_sparse.accounting.memo import ACCOUNTANT_MEMO, event_key
+from tfdp_sparse.accounting.pld_memo import MemoPLDAccountant
 from tfdp_sparse.accounting.validation import (
     _is_real, _validate_accountant, _validate_int, sampling_probability,
     validate_delta, validate_noise_multiplier, validate_sampling_probability)
@@ -109,16 +110,29 @@ def _contains(event: dp_accounting.DpEvent, cls: type) -> bool:
 
 
 def _rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
-    acc = rdp_privacy_accountant.RdpAccountant(orders=list(RDP_ORDERS))
-    return float(_compose(acc, event, "rdp").get_epsilon(delta))
+    def compute() -> float:
+        acc = rdp_privacy_accountant.RdpAccountant(orders=list(RDP_ORDERS))
+        return float(_compose(acc, event, "rdp").get_epsilon(delta))
+
+    return ACCOUNTANT_MEMO.get_or_compute(_memo_key("rdp", event, delta), compute)
+
+
+def _memo_key(name: str, event: dp_accounting.DpEvent, *settings: float
+              ) -> Optional[tuple]:
+    """The exact memo key of one accountant evaluation (None: not memoised)."""
+    key = event_key(event)
+    return None if key is None else (name, key, *((type(s).__name__, s) for s in settings))
 
 
 def _pld_epsilon(event: dp_accounting.DpEvent, delta: float,
                  interval: float) -> float:
-    acc = pld_privacy_accountant.PLDAccountant(
-        value_discretization_interval=interval)
-    try:
+    def compute() -> float:
+        acc = MemoPLDAccountant(value_discretization_interval=interval)
         return float(_compose(acc, event, "pld").get_epsilon(delta))
+
+    try:
+        return ACCOUNTANT_MEMO.get_or_compute(
+            _memo_key("pld", event, delta, interval), compute)
     except ValueError as error:
         if isinstance(error, UnsupportedEventError):
             raise

@@ -1,0 +1,227 @@
+"""The two test tiers: which tests run only in ``make test-all``, and which fast test proves the same property.
+
+``make test`` runs every test not listed here (the fast tier: within 15
+minutes on 2 cores, each file under 60 s); ``make test-all`` runs the fast
+tier and then these. ``tests/conftest.py`` marks each listed test ``full``
+at collection, and ``tests/test_tiers.py`` checks the table itself: every key
+and every cover names a test function that exists, and no cover is itself in
+the full tier. So nothing tested becomes untested (test-all runs it), and no
+property leaves the fast tier without a named fast proof.
+
+A key is ``path::function`` (every parametrisation) or ``path::function[id]``
+(one). Example::
+
+    >>> full_only("tests/test_make_private.py::test_target_epsilon_calibrates_sigma_for_every_mechanism")
+    True
+    >>> full_only("tests/test_make_private.py::test_resumed_fit_continues_epsilon")
+    False
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Moved:
+    """A test run by ``make test-all`` only: the fast tests that prove its property, and why it moved."""
+
+    covered_by: tuple[str, ...]
+    why: str
+
+
+_PCTR = "tests/test_train_pctr.py::"
+_K3 = "tests/keras3/"
+
+FULL_ONLY: dict[str, Moved] = {
+    # -- make_private (tf-keras) ---------------------------------------------------------------
+    "tests/test_make_private.py::test_target_epsilon_calibrates_sigma_for_every_mechanism": Moved(
+        ("tests/test_readme_example.py::test_readme_bring_your_own_model_runs_on_tf_keras",
+         "tests/test_accounting.py::test_calibrate_round_trip",
+         "tests/test_mechanism_contract.py::test_calibrating_builds_no_mechanism"),
+        "three PLD calibrations and fits (50 s); make_private's calibration to a target runs in the README example"),
+    "tests/test_make_private_misuse.py::test_a_longer_fit_stops_at_the_target": Moved(
+        ("tests/test_make_private_misuse.py::test_a_repeated_fit_never_passes_the_target",
+         "tests/test_make_private.py::test_budget_stops_fit_before_the_step_that_would_exceed_the_target"),
+        "14 s; the budget stop of fit is proved by the repeated and the planned fit"),
+    # -- private by default ----------------------------------------------------------------------
+    "tests/test_private_by_default.py::test_same_command_twice_gives_other_noise_and_other_batches": Moved(
+        ("tests/test_private_by_default.py::test_secure_generators_never_repeat_and_reproducible_ones_do",
+         "tests/test_private_by_default.py::test_every_registered_mechanism_is_secure_by_default",
+         "tests/test_private_by_default.py::test_batch_sampler_secret_by_default_and_reproducible_with_noise_seed"),
+        "four trainer runs (39 s); secure noise and secret batches are proved per generator and per mechanism"),
+    "tests/test_private_by_default.py::test_reproducible_run_is_flagged_and_repeats": Moved(
+        ("tests/test_private_by_default.py::test_noise_source_labels_and_bad_seeds",
+         "tests/test_private_by_default.py::test_batch_sampler_secret_by_default_and_reproducible_with_noise_seed"),
+        "shares the four trainer runs"),
+    "tests/test_private_by_default.py::test_reproducible_run_says_so_in_the_progress_log": Moved(
+        ("tests/test_private_by_default.py::test_noise_source_labels_and_bad_seeds",),
+        "shares the four trainer runs"),
+    "tests/test_private_by_default.py::test_delta_above_one_over_n_warns_in_the_json_line": Moved(
+        ("tests/test_private_by_default.py::test_default_delta_is_well_below_one_over_n",),
+        "shares the four trainer runs"),
+    "tests/test_private_by_default.py::test_adafest_line_shows_sigma1_sigma2_and_the_effective_sigma": Moved(
+        ("tests/test_mechanism_contract.py::TestAdaFESTContract::test_map_noise_matches_reported_sigma1",
+         _PCTR + "test_metrics_line_has_required_fields"),
+        "a trainer run with calibration (22 s); the σ1/σ2 split is proved on the mechanism"),
+    "tests/test_private_by_default.py::test_shuffle_sampling_is_not_labelled_private": Moved(
+        ("tests/test_private_by_default.py::test_eana_is_not_labelled_private",
+         "tests/test_one_private_step.py::test_both_paths_refuse_a_target_for_a_mechanism_without_guarantee"),
+        "a trainer run (12 s); the not-private label of a trainer run is proved with EANA"),
+    # -- the pCTR trainer --------------------------------------------------------------------------
+    _PCTR + "test_budget_stop_before_exceeding_target": Moved(
+        ("tests/test_make_private.py::test_budget_stops_fit_before_the_step_that_would_exceed_the_target",
+         "tests/test_accounting.py::test_budget_checks_stop_before_exceeding",
+         _PCTR + "test_budget_too_small_for_one_step"),
+        "a trainer run to the budget (15 s)"),
+    _PCTR + "test_eana_reports_no_epsilon": Moved(
+        ("tests/test_private_by_default.py::test_eana_is_not_labelled_private",),
+        "a trainer run (14 s); the same EANA run without ε is checked there"),
+    _PCTR + "test_dpfest_private_selection_is_made_and_charged": Moved(
+        (_PCTR + "test_dpfest_private_selection_requires_rdp",
+         "tests/test_make_private_releases.py::test_private_selection_needs_counts_and_charges_the_selection"),
+        "a trainer run (13 s)"),
+    _PCTR + "test_criteo_tsv_counts_and_reports_malformed_lines": Moved(
+        ("tests/test_data_criteo_lines.py::test_parse_file_records_each_kind_with_its_line_number",
+         "tests/test_train_pctr_prepared.py::test_prepared_days_train_exactly_like_the_tsv_reference"),
+        "a trainer run (9 s); malformed lines are counted by the parser, TSV training runs in the prepared test"),
+    _PCTR + "test_command_line_prints_one_json_line": Moved(
+        (_PCTR + "test_command_line_bad_setting_exits_with_message",
+         "tests/test_cli_help.py::test_trainer_help_lists_privacy_flags_and_delta_default",
+         _PCTR + "test_metrics_line_has_required_fields"),
+        "a trainer subprocess (13 s); the entry point runs as a subprocess in the other two, the JSON line in process"),
+    "tests/test_tensorboard.py::test_trainer_entry_point_prints_no_tensorflow_startup_lines": Moved(
+        (_PCTR + "test_command_line_bad_setting_exits_with_message",
+         "tests/test_tensorboard.py::test_quiet_startup_sets_level_3_only_when_the_user_chose_none"),
+        "a second trainer subprocess (12 s): one CLI subprocess per entry point stays"),
+    "tests/test_trainer_table_optimizer.py::test_sgd_run_keeps_the_dp_optimizers_own_sgd": Moved(
+        ("tests/test_trainer_table_optimizer.py::test_adagrad_run_names_its_rule_and_keeps_slots",
+         "tests/test_trainer_table_optimizer.py::test_rule_of_each_name"),
+        "a trainer run (12 s)"),
+    "tests/test_train_pctr_prepared.py::test_epochs_work_for_every_data_source": Moved(
+        ("tests/test_train_pctr_prepared.py::test_prepared_days_train_exactly_like_the_tsv_reference",),
+        "three trainer runs (25 s)"),
+    "tests/test_streaming_periods.py::test_target_epsilon_calibrates_the_worst_period_and_epochs_are_per_period": Moved(
+        ("tests/test_streaming_periods.py::test_epsilon_is_the_max_over_periods_of_an_independent_computation",
+         "tests/test_accounting.py::test_calibrate_round_trip"),
+        "a calibrated streaming run (17 s)"),
+    "tests/test_trainers_user_level.py::test_example_level_run_is_unchanged_and_says_example": Moved(
+        (_PCTR + "test_metrics_line_has_required_fields",
+         "tests/test_trainers_user_level.py::test_run_identity_includes_the_unit_only_at_the_user_level"),
+        "a trainer run (13 s)"),
+    "tests/test_trainers_user_level.py::test_adafest_plus_trains_at_the_user_level_with_users_counted_in_its_selection":
+        Moved(("tests/test_mech_user_level.py::test_adafest_plus_at_the_user_level_filters_users_inside_the_kept_rows",
+               "tests/test_trainers_user_level.py::test_user_selection_counts_count_each_user_once_per_bucket"),
+              "a trainer run (18 s)"),
+    # -- resume and checkpoints --------------------------------------------------------------------
+    "tests/test_resume_privacy.py::test_seeded_run_stays_not_private_after_resume_without_seed": Moved(
+        ("tests/test_resume_privacy.py::test_refresh_noise_keeps_lazydp_history_and_reseeds_only_secure_generators",
+         _PCTR + "test_resume_continues_steps_epsilon_and_weights_exactly"),
+        "two trainer runs (21 s)"),
+    "tests/test_resume_privacy.py::test_secure_run_resumed_securely_is_private": Moved(
+        ("tests/test_resume_privacy.py::test_refresh_noise_keeps_lazydp_history_and_reseeds_only_secure_generators",
+         _PCTR + "test_resume_continues_steps_epsilon_and_weights_exactly"),
+        "two trainer runs (20 s)"),
+    "tests/test_resume_privacy.py::test_two_resumes_of_one_checkpoint_add_different_noise": Moved(
+        ("tests/test_resume_privacy.py::test_refresh_noise_keeps_lazydp_history_and_reseeds_only_secure_generators",),
+        "three trainer runs (29 s)"),
+    "tests/test_trainer_old_lazydp_checkpoint.py::test_old_lazydp_trainer_checkpoint_resumes_bit_exactly": Moved(
+        ("tests/test_lazydp_old_checkpoint.py::test_old_checkpoint_resumed_at_its_step_continues_exactly",),
+        "two trainer resumes (27 s); the same old LazyDP record resumes exactly at the mechanism"),
+    "tests/test_trainer_old_lazydp_checkpoint.py::test_a_new_lazydp_checkpoint_still_needs_its_record": Moved(
+        ("tests/test_lazydp_old_checkpoint.py::test_old_checkpoint_without_resume_is_refused_before_anything_changes",
+         "tests/test_lazydp_old_checkpoint.py::test_resume_at_refuses_a_record_already_set_or_behind_the_histories"),
+        "trainer runs (25 s)"),
+    # -- one private step --------------------------------------------------------------------------
+    "tests/test_one_private_step.py::test_trainer_and_fit_end_equal[dpsgd]": Moved(
+        ("tests/test_one_private_step.py::test_trainer_and_fit_end_equal[lazydp]",),
+        "a trainer and a fit (21 s); the same comparison runs with LazyDP"),
+    # -- examples, experiments, benchmarks ---------------------------------------------------------
+    "tests/test_examples.py::test_example_smoke_prints_epsilon_and_utility[tfrs_retrieval.py]": Moved(
+        ("tests/test_examples.py::test_example_smoke_prints_epsilon_and_utility[custom_ctr.py]",
+         "tests/test_examples.py::test_tfrs_in_batch_softmax_is_refused",
+         "tests/test_make_private_tfrs.py::test_tfrs_in_batch_retrieval_is_refused_by_the_coupling_check"),
+        "an example subprocess (19 s); one example smoke per stack stays, TFRS refusal stays"),
+    "tests/test_frontier.py::test_tiny_report_rows_have_finite_numbers": Moved(
+        ("tests/test_frontier.py::test_plan_runs_every_algorithm_in_order",
+         "tests/test_frontier.py::test_epsilon_curve_equals_dp_accounting_of_each_prefix"),
+        "the tiny frontier run (34 s)"),
+    "tests/test_frontier.py::test_tiny_report_epsilon_curve_is_the_accountants": Moved(
+        ("tests/test_frontier.py::test_epsilon_curve_equals_dp_accounting_of_each_prefix",),
+        "shares the tiny frontier run"),
+    "tests/test_frontier.py::test_tiny_report_files_and_references": Moved(
+        ("tests/test_frontier.py::test_plan_runs_every_algorithm_in_order",), "shares the tiny frontier run"),
+    "tests/test_frontier.py::test_without_the_flag_no_heatmap": Moved(
+        ("tests/test_frontier.py::test_plan_runs_every_algorithm_in_order",), "shares the tiny frontier run"),
+    "tests/test_frontier_table_optimizers.py::test_rows_one_per_accepted_pair": Moved(
+        ("tests/test_frontier_table_optimizers.py::test_parse_and_plan",), "the tiny frontier run (29 s)"),
+    "tests/test_frontier_table_optimizers.py::test_report_has_the_column_and_the_skipped_note": Moved(
+        ("tests/test_frontier_table_optimizers.py::test_parse_and_plan",), "shares the tiny frontier run"),
+    "tests/test_sweep.py::test_tiny_sweep_rows": Moved(
+        ("tests/test_sweep.py::test_plan_and_scale", "tests/test_sweep.py::test_aggregate_over_seeds"),
+        "the tiny sweep (30 s)"),
+    "tests/test_sweep.py::test_tiny_sweep_outputs": Moved(
+        ("tests/test_sweep.py::test_plan_and_scale",), "shares the tiny sweep"),
+    "tests/test_secret_sharer.py::test_cli_writes_exposure_json_and_png": Moved(
+        ("tests/test_secret_sharer.py::test_tiny_run_memorises_repeated_canaries_and_unseen_canaries_score_the_null",
+         "tests/test_secret_sharer.py::test_scoring_gives_exact_exposures"),
+        "the secret-sharer CLI (10 s)"),
+    "tests/test_benchmark_paired.py::test_the_pctr_model_pairs_at_a_vocabulary_scale": Moved(
+        ("tests/test_benchmark_paired.py::test_pairs_give_a_line_each_and_a_flatness_line",),
+        "the pCTR pairs (12 s); the same pairing runs on the micro model"),
+    "tests/test_tpu_benchmark.py::test_emulator_next_to_keras_with_ratio_lines": Moved(
+        ("tests/test_tpu_equivalence.py::test_emulator_equals_keras_path",),
+        "the TPU benchmark (13 s); the emulator path itself is proved equal to Keras"),
+    # -- parameter servers ------------------------------------------------------------------------
+    "tests/distributed/ps/test_ps_trainer.py::test_target_epsilon_calibrates_on_the_cluster": Moved(
+        ("tests/distributed/ps/test_ps_trainer.py::test_train_pctr_on_local_cluster",
+         "tests/test_accounting.py::test_calibrate_round_trip"),
+        "a calibrated cluster run (24 s); the cluster run and the calibration are proved apart"),
+    # -- Keras 3 -----------------------------------------------------------------------------------
+    _K3 + "test_train_pctr_keras3.py::test_tiny_run_on_keras_3_prints_its_stack_auc_and_epsilon[adafest-1-extra2]":
+        Moved((_K3 + "test_make_private_keras3.py::test_sigma_zero_and_positive_differ[adafest-extra2]",
+               _K3 + "test_train_pctr_keras3.py::test_tiny_run_on_keras_3_prints_its_stack_auc_and_epsilon"
+                     "[dpsgd-0-extra0]"),
+              "a Keras 3 trainer run (26 s)"),
+    _K3 + "test_train_pctr_keras3.py::test_tiny_run_on_keras_3_prints_its_stack_auc_and_epsilon[lazydp-0-extra1]":
+        Moved((_K3 + "test_dp_embedding_keras3.py::test_lazydp_trains_a_dp_embedding_model_and_noises_every_row_by_the_end_of_fit",
+               _K3 + "test_train_pctr_keras3.py::test_tiny_run_on_keras_3_prints_its_stack_auc_and_epsilon"
+                     "[dpsgd-0-extra0]"),
+              "a Keras 3 trainer run (18 s)"),
+    _K3 + "test_train_pctr_keras3.py::test_tiny_run_on_keras_3_prints_its_stack_auc_and_epsilon[dpsgd-0-extra3]":
+        Moved((_K3 + "test_train_pctr_keras3.py::test_tiny_run_on_keras_3_prints_its_stack_auc_and_epsilon"
+                     "[dpsgd-0-extra0]",),
+              "a Keras 3 trainer run (13 s)"),
+    _K3 + "test_train_pctr_keras3.py::test_tf_keras_run_says_tf_keras": Moved(
+        (_PCTR + "test_command_line_bad_setting_exits_with_message",
+         "tests/test_keras_check.py::test_package_names"),
+        "a tf-keras trainer subprocess (12 s)"),
+    _K3 + "test_dp_embedding_keras3.py::test_rows_no_example_looks_up_stay_bitwise_unchanged[adafest-extra1]": Moved(
+        (_K3 + "test_keras_rs_embedding.py::test_rows_no_example_looks_up_stay_unchanged",
+         _K3 + "test_dp_embedding_keras3.py::test_rows_no_example_looks_up_stay_bitwise_unchanged[dpsgd-extra0]"),
+        "22 s; the same rows stay unchanged with DP-AdaFEST on keras-rs tables"),
+    _K3 + "test_fit_misuse_keras3.py::test_a_list_of_inputs_trains_like_keras": Moved(
+        ("tests/test_make_private_misuse.py::test_a_list_of_inputs_trains_like_keras",
+         _K3 + "test_make_private_keras3.py::test_sequential_and_subclassed_models_train_privately"),
+        "12 s; nested inputs are batched by the code shared with tf-keras, whose test stays"),
+    _K3 + "test_fit_misuse_keras3.py::test_a_longer_fit_stops_at_the_target": Moved(
+        (_K3 + "test_fit_misuse_keras3.py::test_a_repeated_fit_never_passes_the_target",),
+        "as on tf-keras"),
+}
+
+
+def full_only(nodeid: str) -> bool:
+    """True iff the test `nodeid` runs in ``make test-all`` only."""
+    return nodeid in FULL_ONLY or nodeid.split("[", 1)[0] in FULL_ONLY
+
+
+def markdown_table() -> str:
+    """The table of docs/TESTING.md: each full-tier test, why it moved, and the fast tests that cover it."""
+    rows = ["| test (make test-all only) | why | proved in make test by |", "|---|---|---|"]
+    for nodeid, moved in FULL_ONLY.items():
+        covers = "<br>".join(f"`{c}`" for c in moved.covered_by)
+        rows.append(f"| `{nodeid}` | {moved.why} | {covers} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

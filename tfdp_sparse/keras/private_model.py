@@ -47,6 +47,7 @@ from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data.sampling import ArrayGather, PoissonSampler, sampled_batch_dataset
 from tfdp_sparse.keras.coupling import check_no_coupling
+from tfdp_sparse.keras.non_finite import check_finite_arrays
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.per_example_loss import per_example_loss_fn
 from tfdp_sparse.keras.private_config import PrivateFitConfig
@@ -268,6 +269,8 @@ class PrivateModel(tf.keras.Model):
             size, gather, pairs = len(x), x.__getitem__, True
         else:
             arrays = ArrayGather(x if y is None else (x, y))
+            check_finite_arrays(x, "x")
+            check_finite_arrays(y, "y")
             size, gather, pairs = arrays.num_examples, arrays, y is not None
         if size != self.config.num_examples:
             raise ValueError(f"the data has {size} examples but make_private(num_examples={self.config.num_examples}): "

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfdp_sparse.clipping.user_norms import UserClipping, UserSegments
+from tfdp_sparse.keras.non_finite import drop_non_finite_losses, finite_examples, zero_dropped
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
@@ -34,7 +35,9 @@ def private_train_step(model: tf.keras.Model, forward_loss: ForwardLoss, optimiz
                        users: Optional[UserClipping] = None) -> tuple[Optional[tf.Tensor], tf.Tensor, tf.Operation]:
     """One private step of ``model`` on ``(x, y)``: ``(predictions, per-example losses in float32, update op)``.
 
-    The taps are cleared, the forward pass runs under a tape, the losses are
+    The taps are cleared, an example with a non-finite feature, label or
+    loss is dropped (its values and loss zeroed: :mod:`tfdp_sparse.keras.non_finite`),
+    the forward pass runs under a tape, the losses are
     cast to float32 (mixed precision: clipping and noise run in float32),
     weight regularizers get gradients of their own, outside clipping (they
     depend on the weights only: :mod:`tfdp_sparse.keras.regularization`), and
@@ -44,9 +47,11 @@ def private_train_step(model: tf.keras.Model, forward_loss: ForwardLoss, optimiz
     Example: ``preds, losses, op = private_train_step(model, lambda x, y: (model(x), loss(y, model(x))), opt, x, y)``.
     """
     optimizer.recorder().clear()
+    keep = finite_examples(x, y)  # an example with a NaN or inf anywhere contributes nothing (non_finite.py)
+    x, y = zero_dropped(x, keep), zero_dropped(y, keep)
     with tf.GradientTape() as tape:
         predictions, per_example = forward_loss(x, y)
-        per_example = tf.cast(per_example, tf.float32)
+        per_example, _ = drop_non_finite_losses(tf.cast(per_example, tf.float32), keep)
     variables = model.trainable_variables  # after the call: it builds an unbuilt model
     reg_grads = regularization_gradients(model, variables)
     update = optimizer.private_step(per_example, variables, tape, regularization_grads=reg_grads, users=users)

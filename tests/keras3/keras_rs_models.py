@@ -22,6 +22,8 @@ import keras
 import keras_rs
 import numpy as np
 
+from tfdp_sparse.keras.read_guard import InspectsPendingNoise
+
 V1, V2, D1, D2 = 30, 12, 4, 3
 
 
@@ -129,7 +131,7 @@ def tables(model: keras.Model) -> list:
     return [model.t1.table, model.t2.table]
 
 
-class Snapshots(keras.callbacks.Callback):
+class Snapshots(InspectsPendingNoise):
     """After every training batch: the raw tables and, for a lazy rule (``lazy``), its histories."""
 
     def __init__(self, mechanism, tables: list, lazy: bool = True):

@@ -17,13 +17,14 @@ import tensorflow as tf
 from tests.keras3 import run_steps
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
+from tfdp_sparse.keras.read_guard import InspectsPendingNoise
 from tfdp_sparse.layers import DPEmbedding
 
 LAZYDP = PrivacyConfig(algorithm="lazydp", noise_multiplier=1.0, l2_norm_clip=0.5)
 BCE = tf.keras.losses.BinaryCrossentropy(from_logits=True)
 
 
-class AfterStep(tf.keras.callbacks.Callback):
+class AfterStep(InspectsPendingNoise):
     """Runs ``probe()`` once, after the first training step."""
 
     def __init__(self, probe):

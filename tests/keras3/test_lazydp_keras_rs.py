@@ -29,6 +29,7 @@ from tests.keras3 import keras_rs_models as m
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.export import PendingNoiseError, export_saved_model
 from tfdp_sparse.keras import make_private
+from tfdp_sparse.keras.read_guard import InspectsPendingNoise
 from tfdp_sparse.keras.lazy import ensure_flushed, flush_all, mechanisms_of
 
 N, B, STEPS, SEED, LR = 64, 8, 6, 7, 0.5
@@ -89,7 +90,7 @@ def test_lazydp_steps_equal_the_dp_embedding_model_between_steps_and_after_the_f
         assert (np.abs(final - first).max(axis=1) > 0).all()  # every row got noise (flushed)
 
 
-class _AfterFirstStep(keras.callbacks.Callback):
+class _AfterFirstStep(InspectsPendingNoise):
     def __init__(self, probe):
         super().__init__()
         self._probe, self.ran = probe, False
@@ -218,10 +219,13 @@ def test_a_row_unread_for_t_steps_then_flushed_has_the_noise_of_t_steps(factor, 
                            loss=BCE, noise_seed=SEED + 1)
     private.compile()
     unread_moved = []
-    callback = keras.callbacks.LambdaCallback(
-        on_train_batch_end=lambda *_, **__: unread_moved.append(
-            not np.array_equal(variable.numpy()[read:], before[read:])))
-    private.fit(x, np.zeros((n, 1), np.float32), verbose=0, callbacks=[callback])
+
+    class UnreadMoved(InspectsPendingNoise):  # reads rows before their noise: the run is labelled not private
+        def on_train_batch_end(self, batch, logs=None):
+            unread_moved.append(not np.array_equal(variable.numpy()[read:], before[read:]))
+
+    private.fit(x, np.zeros((n, 1), np.float32), verbose=0, callbacks=[UnreadMoved()])
+    assert private.report()["private"] is False
     assert unread_moved == [False] * steps  # the unread rows' noise was deferred to the flush
     delta = (variable.numpy() - before)[read:].ravel()
     std = sigma * clip * lr / batch * np.sqrt(steps)

@@ -54,6 +54,7 @@ from tfdp_sparse.keras.private_config import PrivateFitConfig
 from tfdp_sparse.keras.private_setup import RunShape, SelectionCounts, SetupOptions, prepare_private
 from tfdp_sparse.accounting.releases import PreTrainingRelease
 from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, RunCharge, epsilon_of, sync_ledger
+from tfdp_sparse.keras.read_guard import INSPECTS_REASON, FlushBeforeUserCallbacks, inspects_pending_noise
 from tfdp_sparse.keras.step import private_train_step
 from tfdp_sparse.keras.user_batches import UserGather, check_user_ids
 from tfdp_sparse.clipping.user_norms import UserSegments
@@ -201,13 +202,22 @@ class PrivateModel(tf.keras.Model):
         if self.privacy_callback.budget_spent():
             return self.privacy_callback.empty_history(self)  # not one more step fits the target epsilon
         verbose = 1 if verbose == "auto" else verbose
+        user = list(callbacks or [])
+        if inspects_pending_noise(user) and self.mechanism.plan.requires().defers_noise:
+            self._ledger_void(INSPECTS_REASON)
+        # User callbacks run only after a flush: none can read a row that owes deferred noise (read_guard.py).
         cbs = tf.keras.callbacks.CallbackList(
-            [self.privacy_callback] + ([self._progress_bar()] if verbose else [])
-            + list(callbacks or []),
+            [self.privacy_callback, FlushBeforeUserCallbacks(self.mechanism, user)]
+            + ([self._progress_bar()] if verbose else []) + user,
             add_history=True, add_progbar=False, model=self, verbose=verbose, epochs=epochs,
             steps=spe if dataset is not None else None)
-        return super().fit(dataset if dataset is not None else x, epochs=epochs, callbacks=cbs, verbose=verbose,
-                           initial_epoch=initial_epoch, steps_per_epoch=spe if dataset is not None else None, **kwargs)
+        try:
+            return super().fit(dataset if dataset is not None else x, epochs=epochs, callbacks=cbs, verbose=verbose,
+                               initial_epoch=initial_epoch, steps_per_epoch=spe if dataset is not None else None,
+                               **kwargs)
+        except BaseException:
+            self.mechanism.flush()  # an interrupted fit (an error, KeyboardInterrupt) leaves no row owing noise
+            raise
 
     def _progress_bar(self) -> tf.keras.callbacks.Callback:
         """``fit``'s progress bar, counting steps (after ε's callback, so it shows ε)."""

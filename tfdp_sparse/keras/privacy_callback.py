@@ -165,7 +165,8 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self.ledger = sync_ledger(self.state, self.ledger, self.charge)
         if logs is not None:
-            epsilon = epsilon_of(self.ledger, self.charge)
+            # ε only where it holds: a void run (fixed-size tf.data batches, reproducible noise) shows NaN.
+            epsilon = None if self.ledger.void_reasons else epsilon_of(self.ledger, self.charge)
             logs["epsilon"] = float("nan") if epsilon is None else epsilon
             logs["delta"] = self.charge.delta
         self._check_batch_size()
@@ -176,8 +177,8 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
 
     def _check_batch_size(self) -> None:
         steps, examples = int(self.state.steps.numpy()), int(self.state.examples.numpy())
-        if self._warned or steps < 10:
-            return
+        if self._warned or steps < 10 or self.ledger.privacy_unit == "user":
+            return  # at the user level B counts users and the state counts examples: nothing to compare
         mean, b = examples / steps, self.charge.expected_batch_size
         # Poisson batches: the mean of `steps` batch sizes has std below sqrt(B / steps).
         if abs(mean - b) > max(6.0 * math.sqrt(b / steps), 0.05 * b):

@@ -212,9 +212,10 @@ class PrivateModel(tf.keras.Model):
             add_history=True, add_progbar=False, model=self, verbose=verbose, epochs=epochs,
             steps=spe if dataset is not None else None)
         try:
+            # shuffle=False: the batches are Poisson samples already (Keras 3 warned about its default on every fit).
             return super().fit(dataset if dataset is not None else x, epochs=epochs, callbacks=cbs, verbose=verbose,
                                initial_epoch=initial_epoch, steps_per_epoch=spe if dataset is not None else None,
-                               **kwargs)
+                               shuffle=False, **kwargs)
         except BaseException:
             self.mechanism.flush()  # an interrupted fit (an error, KeyboardInterrupt) leaves no row owing noise
             raise

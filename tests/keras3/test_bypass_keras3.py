@@ -71,3 +71,16 @@ def test_loss_scale_optimizer_around_a_dp_optimizer_is_refused_not_silent():
         assert all((a == b).all() for a, b in zip(before, model.get_weights()))
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def test_a_direct_update_step_is_refused_and_changes_nothing():
+    """Issue 31 item 5: ``Keras3DPOptimizer.update_step(g, v, lr)`` called directly updated the weight, unnoised."""
+    model = ctr_model()
+    opt = dp_optimizer(build(dp()), learning_rate=0.1, expected_batch_size=B)
+    opt.attach(model)
+    variable = model.trainable_variables[1]
+    opt.build(model.trainable_variables)
+    before = variable.numpy().copy()
+    with pytest.raises(UnprivatizedUpdateError):
+        opt.update_step(tf.ones_like(variable), variable, 0.1)
+    assert (variable.numpy() == before).all()

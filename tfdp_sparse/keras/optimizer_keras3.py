@@ -212,6 +212,12 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
             raise UnprivatizedUpdateError(BYPASS_MESSAGE)
         return super().apply(grads, trainable_variables)
 
+    def update_step(self, gradient, variable, learning_rate):
+        """Keras 3's per-variable update, only inside the private step (a direct call is refused by name)."""
+        if self._privatized_depth <= 0:
+            raise UnprivatizedUpdateError(BYPASS_MESSAGE)
+        return super().update_step(gradient, variable, learning_rate)
+
     def load_own_variables(self, store) -> None:
         """Keras 3's restore, refusing a checkpoint whose optimizer holds other variables.
 

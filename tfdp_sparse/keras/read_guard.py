@@ -12,13 +12,14 @@ callback and flushes the mechanism at each hook where a user callback can
 run:
 
 * epoch begin and end, validation begin, train begin: whenever ``fit`` has
-  user callbacks;
+  a user callback that is not exempt (below);
 * every batch begin and end: when a user callback's batch hook (as Keras
   resolves it, instance attributes included) is not the base class's no-op
   (exact classes of Keras' own callbacks that read no weights at batch level
   are exempt: the progress bar, ``History``, ``TensorBoard`` (its histograms
   are written at epoch end), ``EarlyStopping``, ``CSVLogger``,
-  ``ReduceLROnPlateau``, ``TerminateOnNaN``).
+  ``ReduceLROnPlateau``, ``TerminateOnNaN``; and the toolkit's
+  ``LazyDPCallback`` and ``FlushingModelCheckpoint``, which flush themselves).
 
 A per-batch flush costs what DP-SGD's dense noise costs (that is the price of
 reading at every batch); an epoch-level callback costs one flush per epoch.
@@ -36,6 +37,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from tfdp_sparse.keras.lazy import FlushingModelCheckpoint, LazyDPCallback
 from tfdp_sparse.mechanisms.base import Mechanism
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
@@ -44,7 +46,7 @@ _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", 
 def _exempt() -> tuple:
     c = tf.keras.callbacks
     return (c.ProgbarLogger, c.History, c.TensorBoard, c.EarlyStopping, c.CSVLogger, c.ReduceLROnPlateau,
-            c.TerminateOnNaN)
+            c.TerminateOnNaN, LazyDPCallback, FlushingModelCheckpoint)  # the last two flush before they save
 
 
 def runs_at_batches(callback: tf.keras.callbacks.Callback) -> bool:
@@ -90,7 +92,8 @@ class FlushBeforeUserCallbacks(tf.keras.callbacks.Callback):
     def __init__(self, mechanism: Mechanism, user_callbacks: Sequence[tf.keras.callbacks.Callback]):
         super().__init__()
         self._mechanism = mechanism
-        guarded = [c for c in user_callbacks if not isinstance(c, InspectsPendingNoise)]
+        guarded = [c for c in user_callbacks
+                   if not isinstance(c, InspectsPendingNoise) and type(c) not in _exempt()]
         self._any = bool(guarded)
         self._per_batch = any(runs_at_batches(c) for c in guarded)
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
+from tfdp_sparse.mechanisms import build
 
 N = 256
 
@@ -81,3 +82,34 @@ def test_a_list_of_inputs_trains_like_keras():
     model = tf.keras.Model([a, b], tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([a, b])))
     history = _private(model).fit([x, x[::-1].copy()], y, verbose=0)
     assert np.isfinite(history.history["epsilon"][-1])
+
+
+def test_steps_per_execution_cannot_take_fit_past_the_target():
+    """Issue 31 item 5: the budget callback acts between executions only, so with steps_per_execution > 1 fit
+    ran past the target (2.18 for a target of 2 in the issue); the data now ends where the budget does."""
+    x, y = _data()
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+    model(x[:2])
+    mechanism = build(PrivacyConfig(algorithm="dpsgd", noise_multiplier=1.0, l2_norm_clip=1.0, accountant="rdp"))
+    private = make_private(model, mechanism, num_examples=N, batch_size=32, epochs=6, learning_rate=0.1,
+                           target_epsilon=2.0, loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    private.compile(steps_per_execution=5)  # the budget allows 7 steps: executions of 5 ran 8 before
+    private.fit(x, y, verbose=0)
+    report = private.report()
+    assert 0 < report["steps"] < 6 * 8, report["steps"]  # the budget, not the plan, ended the run
+    assert report["epsilon"] <= 2.0, (report["steps"], report["epsilon"])
+
+
+def test_a_loss_given_to_compile_after_fit_is_checked_for_coupling():
+    """Issue 31 item 1: compile(loss=...) after a first fit installed a coupled loss with no new check."""
+    x, y = _data()
+    private = _private()
+    private.fit(x, y, verbose=0)
+
+    def centred(labels, logits):  # couples the examples through the batch mean
+        logits = logits - tf.reduce_mean(logits, axis=0, keepdims=True)
+        return tf.reshape(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits), [-1])
+
+    private.compile(loss=centred)
+    with pytest.raises(ValueError, match="loss changed"):
+        private.fit(x, y, verbose=0)

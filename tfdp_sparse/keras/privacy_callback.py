@@ -119,6 +119,13 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
         self._checked_allowed = (self.ledger.steps, allowed)  # on_train_begin reuses it: no second search
         return allowed is not None and allowed <= self.ledger.steps
 
+    def remaining_steps(self) -> Optional[int]:
+        """Steps the target ε still allows after :meth:`budget_spent` (``None``: no target, or no guarantee)."""
+        if self._checked_allowed is None or self._checked_allowed[1] is None:
+            return None
+        steps, allowed = self._checked_allowed
+        return max(allowed - steps, 0)
+
     def empty_history(self, model) -> tf.keras.callbacks.History:
         """The ``History`` of a ``fit`` that ran no step because the budget is spent (reason logged and kept)."""
         self.allowed_steps = self.ledger.steps

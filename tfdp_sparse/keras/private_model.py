@@ -134,6 +134,7 @@ class PrivateModel(tf.keras.Model):
                              "its per-layer and regularizer checks run")
         if loss is not None:
             self._per_example = per_example_loss_fn(loss)
+            self._checked = False  # a new loss is checked for coupling again before the next step
         super().compile(optimizer=self.dp_optimizer, metrics=metrics, **kwargs)
 
     @property
@@ -201,6 +202,11 @@ class PrivateModel(tf.keras.Model):
         self.privacy_callback.plan(None if dataset is None else (epochs - initial_epoch) * spe)
         if self.privacy_callback.budget_spent():
             return self.privacy_callback.empty_history(self)  # not one more step fits the target epsilon
+        remaining = self.privacy_callback.remaining_steps()
+        if dataset is not None and remaining is not None:
+            # The data ends where the budget does: no step past it can run, whatever steps_per_execution is
+            # (the callback's stop only acts between executions).
+            dataset = dataset.take(remaining)
         verbose = 1 if verbose == "auto" else verbose
         user = list(callbacks or [])
         if inspects_pending_noise(user) and self.mechanism.plan.requires().defers_noise:

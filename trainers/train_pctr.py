@@ -34,10 +34,10 @@ the run has no guarantee, e.g. EANA or sgd).
   its Keras once per process, so a flag that disagrees with the environment
   makes the trainer run itself again in a child process with the variable set
   (:mod:`trainers.lib.stack`); the JSON line's ``keras_stack`` says which ran.
-  Keras 3 runs DP-SGD, EANA, DP-FEST and DP-AdaFEST(+) on one machine with
-  Keras tables; LazyDP, ``--cluster``, ``--embedding_backend`` other than
-  keras, row-wise table / dense optimizers and ``--compare_dpsgd_step`` are
-  refused there by name.
+  Keras 3 runs DP-SGD, EANA, DP-FEST, DP-AdaFEST(+) and LazyDP (the model's
+  tables are DPEmbedding) on one machine; ``--cluster``, ``--embedding_backend``
+  other than keras, row-wise table / dense optimizers and
+  ``--compare_dpsgd_step`` are refused there by name.
 * Bad settings and bad data (ids outside a table, non-finite dense values,
   too many malformed Criteo lines) fail before training with ``error: ...``
   and exit status 2; malformed Criteo lines below the limit are skipped and

@@ -55,3 +55,20 @@ def test_the_user_level_batch_size_check_does_not_compare_users_with_examples(ca
     with caplog.at_level(logging.WARNING):
         private.fit(x, y, user_ids=users, verbose=0)
     assert "implausible" not in caplog.text
+
+
+def test_example_weights_are_refused_on_every_path_with_a_message_about_weights():
+    """Issue 31 item 4: weights in a tf.data dataset were dropped silently (all-zero weights still trained)."""
+    import pytest
+
+    x, y = _data()
+    weights = np.zeros(N, np.float32)
+    private = _private()
+    with pytest.raises(ValueError, match="per-example weights are not supported"):
+        private.fit(tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(32), verbose=0)
+    with pytest.raises(ValueError, match=r"fit\(sample_weight=...\): per-example weights"):
+        _private().fit(x, y, sample_weight=weights, verbose=0)
+    with pytest.raises(ValueError, match=r"fit\(class_weight=...\): per-example weights"):
+        _private().fit(x, y, class_weight={0: 1.0, 1: 2.0}, verbose=0)
+    with pytest.raises(ValueError, match="validation data's sample weights"):
+        _private().fit(x, y, validation_data=(x[:32], y[:32], weights[:32]), verbose=0)

@@ -5,7 +5,8 @@ The tests are those of :mod:`tests.test_fit_labels`, collected again in this pro
 
 from tests.test_fit_labels import (  # noqa: F401  (collected here, run under Keras 3)
     test_a_poisson_run_shows_its_epsilon, test_a_tf_data_run_labelled_not_private_shows_no_epsilon,
-    test_the_user_level_batch_size_check_does_not_compare_users_with_examples)
+    test_the_user_level_batch_size_check_does_not_compare_users_with_examples,
+    test_example_weights_are_refused_on_every_path_with_a_message_about_weights)
 
 
 def test_fit_gives_no_spurious_shuffle_warning(recwarn):

@@ -90,6 +90,18 @@ def _is_tfrs_model(model: tf.keras.Model) -> bool:
     return tfrs is not None and isinstance(model, tfrs.Model)
 
 
+WEIGHTS_MESSAGE = (
+    "per-example weights are not supported on a private model: a weight scales an example's loss, and so its "
+    "gradient, before clipping, which the guarantee does not describe. Drop the weights, or resample the "
+    "training data yourself (a (x, y, weight) tf.data.Dataset is refused like fit(sample_weight=...))")
+
+
+def _refuse_weights(weights, source: str = "the dataset's third element (sample weights)") -> None:
+    """Raises ``ValueError`` when the batch or ``fit`` carries sample or class weights (never dropped silently)."""
+    if weights is not None:
+        raise ValueError(f"{source}: {WEIGHTS_MESSAGE}")
+
+
 class PrivateModel(tf.keras.Model):
     """A model whose ``fit`` is private by construction; made by :func:`make_private` (see module doc).
 
@@ -154,7 +166,8 @@ class PrivateModel(tf.keras.Model):
             x, y, user_ids = data
             users = self.config.privacy_unit.clipping(UserSegments.from_user_ids(user_ids))
         else:
-            x, y, _ = tf.keras.utils.unpack_x_y_sample_weight(data)
+            x, y, weights = tf.keras.utils.unpack_x_y_sample_weight(data)
+            _refuse_weights(weights)
         forward = lambda bx, by: self._per_example_loss(bx, by, training=True)  # noqa: E731
         predictions, per_example, step = private_train_step(self.model, forward, self.dp_optimizer, x, y, users)
         with tf.control_dependencies([step]):
@@ -163,7 +176,8 @@ class PrivateModel(tf.keras.Model):
             return self._metric_results(y, predictions, per_example)
 
     def test_step(self, data):
-        x, y, _ = tf.keras.utils.unpack_x_y_sample_weight(data)
+        x, y, weights = tf.keras.utils.unpack_x_y_sample_weight(data)
+        _refuse_weights(weights, "the validation data's sample weights")
         predictions, per_example = self._per_example_loss(x, y, training=False)
         return self._metric_results(y, predictions, tf.cast(per_example, tf.float32))
 
@@ -186,7 +200,10 @@ class PrivateModel(tf.keras.Model):
         ``user_ids`` (user level only, required there): the user of each
         training example, in ``[0, num_users)``.
         """
-        for key in ("batch_size", "steps_per_epoch", "shuffle", "class_weight", "sample_weight"):
+        for key in ("class_weight", "sample_weight"):
+            if kwargs.get(key) is not None:
+                _refuse_weights(kwargs[key], f"fit({key}=...)")
+        for key in ("batch_size", "steps_per_epoch", "shuffle"):
             if kwargs.get(key) is not None:
                 raise ValueError(f"fit({key}=...) is not supported on a private model: batches are Poisson samples "
                                  "of expected size make_private(batch_size=...), one epoch is round(N/B) steps")

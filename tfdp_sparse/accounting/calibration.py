@@ -24,7 +24,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from tfdp_sparse.accounting.epsilon import (
     RDP_ORDERS, _adaptive_pld, _pld_epsilon, _rdp_epsilon,
     compute_epsilon, dpsgd_event, epsilon_from_event)  # compute_epsilon: doctests
-from tfdp_sparse.accounting.memo import ACCOUNTANT_MEMO, event_key
+from tfdp_sparse.accounting.memo import ACCOUNTANT_MEMO, exact_key
 from tfdp_sparse.accounting.pld_memo import MemoPLDAccountant
 from tfdp_sparse.accounting.validation import (
     _is_real, _validate_accountant, _validate_int, _validate_target_epsilon,
@@ -108,10 +108,7 @@ def _family_key(event_of: EventOf, *settings: object) -> Optional[tuple]:
     event (`calibrate_sigma`), so a key shared by two families can cost time,
     never the guarantee.
     """
-    keys = tuple(event_key(event_of(p)) for p in _PROBES)
-    if any(k is None for k in keys):
-        return None
-    return ("calibrate", keys, *((type(s).__name__, s) for s in settings))
+    return exact_key("calibrate", *(event_of(p) for p in _PROBES), *settings)
 
 
 def _calibrate(event_of: EventOf, target_epsilon: float, delta: float,

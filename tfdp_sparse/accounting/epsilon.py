@@ -34,7 +34,7 @@ import dp_accounting
 from dp_accounting import dp_event as _dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from tfdp_sparse.accounting.memo import ACCOUNTANT_MEMO, event_key
+from tfdp_sparse.accounting.memo import ACCOUNTANT_MEMO, exact_key
 from tfdp_sparse.accounting.pld_memo import MemoPLDAccountant
 from tfdp_sparse.accounting.validation import (
     _is_real, _validate_accountant, _validate_int, sampling_probability,
@@ -114,14 +114,7 @@ def _rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
         acc = rdp_privacy_accountant.RdpAccountant(orders=list(RDP_ORDERS))
         return float(_compose(acc, event, "rdp").get_epsilon(delta))
 
-    return ACCOUNTANT_MEMO.get_or_compute(_memo_key("rdp", event, delta), compute)
-
-
-def _memo_key(name: str, event: dp_accounting.DpEvent, *settings: float
-              ) -> Optional[tuple]:
-    """The exact memo key of one accountant evaluation (None: not memoised)."""
-    key = event_key(event)
-    return None if key is None else (name, key, *((type(s).__name__, s) for s in settings))
+    return ACCOUNTANT_MEMO.get_or_compute(exact_key("rdp", event, delta), compute)
 
 
 def _pld_epsilon(event: dp_accounting.DpEvent, delta: float,
@@ -132,7 +125,7 @@ def _pld_epsilon(event: dp_accounting.DpEvent, delta: float,
 
     try:
         return ACCOUNTANT_MEMO.get_or_compute(
-            _memo_key("pld", event, delta, interval), compute)
+            exact_key("pld", event, delta, interval), compute)
     except ValueError as error:
         if isinstance(error, UnsupportedEventError):
             raise

@@ -51,6 +51,18 @@ def event_key(event: object) -> Optional[tuple]:
         return None
 
 
+def exact_key(*parts: object) -> Optional[tuple]:
+    """One exact key of several parts (names, events, δ, settings), or None when a part has none.
+
+    >>> exact_key("pld", 1e-5, 1e-3) == exact_key("pld", 1e-5, 1e-3), exact_key("x", object())
+    (True, None)
+    """
+    try:
+        return tuple(_key(p) for p in parts)
+    except _NoKey:
+        return None
+
+
 class _NoKey(Exception):
     pass
 

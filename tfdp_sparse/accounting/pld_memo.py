@@ -28,7 +28,7 @@ import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution
 
-from tfdp_sparse.accounting.memo import Memo
+from tfdp_sparse.accounting.memo import Memo, exact_key
 
 # One-step PLDs hold arrays of up to a few MB at the finest intervals: keep a few dozen.
 _STEP_PLDS = Memo(maxsize=32)
@@ -37,8 +37,7 @@ _STEP_PLDS = Memo(maxsize=32)
 def subsampled_gaussian_pld(q: float, sigma: float, interval: float
                             ) -> privacy_loss_distribution.PrivacyLossDistribution:
     """The PLD of one Poisson-subsampled Gaussian step, built once per (q, σ, interval)."""
-    key = tuple((type(v).__module__, type(v).__qualname__, v) for v in (q, sigma, interval))
-    return _STEP_PLDS.get_or_compute(key, lambda: privacy_loss_distribution.from_gaussian_mechanism(
+    return _STEP_PLDS.get_or_compute(exact_key(q, sigma, interval), lambda: privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=sigma, value_discretization_interval=interval, sampling_prob=q))
 
 

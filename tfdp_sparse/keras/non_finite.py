@@ -32,6 +32,11 @@ import numpy as np
 import tensorflow as tf
 
 
+def _tensor(t: Any) -> Any:
+    """``t`` as a tensor; sparse and ragged tensors stay as they are."""
+    return t if isinstance(t, (tf.SparseTensor, tf.RaggedTensor)) else tf.convert_to_tensor(t)
+
+
 def _is_dense_float(t: Any) -> bool:
     return isinstance(t, tf.Tensor) and t.dtype.is_floating and t.shape.rank is not None and t.shape.rank >= 1
 
@@ -42,8 +47,7 @@ def finite_examples(*nests: Any) -> tf.Tensor:
     Tensors of rank 0, integer, string, sparse and ragged tensors say nothing (ids cannot be non-finite). With
     no floating-point tensor at all, every example is finite (``B`` from the first batch-major tensor).
     """
-    tensors = [tf.convert_to_tensor(t) if not isinstance(t, (tf.SparseTensor, tf.RaggedTensor)) else t
-               for nest in nests if nest is not None for t in tf.nest.flatten(nest)]
+    tensors = [_tensor(t) for nest in nests if nest is not None for t in tf.nest.flatten(nest)]
     checks = [tf.reduce_all(tf.reshape(tf.math.is_finite(t), [tf.shape(t)[0], -1]), axis=1)
               for t in tensors if _is_dense_float(t)]
     if checks:
@@ -60,10 +64,9 @@ def zero_dropped(nest: Any, keep: tf.Tensor) -> Any:
         return None
 
     def zero(t):
-        if not _is_dense_float(tf.convert_to_tensor(t) if not isinstance(t, (tf.SparseTensor, tf.RaggedTensor))
-                               else t):
+        t = _tensor(t)
+        if not _is_dense_float(t):
             return t
-        t = tf.convert_to_tensor(t)
         mask = tf.reshape(keep, tf.concat([tf.shape(keep), tf.ones([tf.rank(t) - 1], tf.int32)], axis=0))
         return tf.where(mask, t, tf.zeros_like(t))
 

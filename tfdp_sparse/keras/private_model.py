@@ -31,13 +31,12 @@ Example::
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import json
 import logging
 import os
 import sys
-from typing import Any, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -45,9 +44,10 @@ import tensorflow as tf
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.config import PrivacyConfig
-from tfdp_sparse.data.sampling import ArrayGather, PoissonSampler, sampled_batch_dataset
+from tfdp_sparse.data.sampling import PoissonSampler, sampled_batch_dataset
 from tfdp_sparse.keras.coupling import check_no_coupling
-from tfdp_sparse.keras.non_finite import check_finite_arrays
+from tfdp_sparse.keras.fit_inputs import (  # noqa: F401  (IndexedSource: the documented source type)
+    IndexedSource, as_tuples, gather_of, refuse_fit_arguments, refuse_weights)
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.per_example_loss import per_example_loss_fn
 from tfdp_sparse.keras.private_config import PrivateFitConfig
@@ -70,36 +70,10 @@ log = logging.getLogger("tfdp_sparse.keras")
 SHUFFLE_REASON = "fixed-size batches from a tf.data.Dataset: epsilon assumes Poisson sampling"
 
 
-@runtime_checkable
-class IndexedSource(Protocol):
-    """Training data read by index: ``len(source)`` examples, ``source[indices] -> (x, y)`` (sorted int64)."""
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, indices: np.ndarray) -> Any: ...
-
-
-def _is_source(x) -> bool:
-    """True for an :class:`IndexedSource` that is not itself arrays (a dict, tuple or array is data)."""
-    return isinstance(x, IndexedSource) and not isinstance(x, (np.ndarray, collections.abc.Mapping, tuple, list))
-
-
 def _is_tfrs_model(model: tf.keras.Model) -> bool:
     """True for a ``tfrs.Model`` (trained through its ``compute_loss(inputs, training)``)."""
     tfrs = sys.modules.get("tensorflow_recommenders")
     return tfrs is not None and isinstance(model, tfrs.Model)
-
-
-WEIGHTS_MESSAGE = (
-    "per-example weights are not supported on a private model: a weight scales an example's loss, and so its "
-    "gradient, before clipping, which the guarantee does not describe. Drop the weights, or resample the "
-    "training data yourself (a (x, y, weight) tf.data.Dataset is refused like fit(sample_weight=...))")
-
-
-def _refuse_weights(weights, source: str = "the dataset's third element (sample weights)") -> None:
-    """Raises ``ValueError`` when the batch or ``fit`` carries sample or class weights (never dropped silently)."""
-    if weights is not None:
-        raise ValueError(f"{source}: {WEIGHTS_MESSAGE}")
 
 
 class PrivateModel(tf.keras.Model):
@@ -167,7 +141,7 @@ class PrivateModel(tf.keras.Model):
             users = self.config.privacy_unit.clipping(UserSegments.from_user_ids(user_ids))
         else:
             x, y, weights = tf.keras.utils.unpack_x_y_sample_weight(data)
-            _refuse_weights(weights)
+            refuse_weights(weights)
         forward = lambda bx, by: self._per_example_loss(bx, by, training=True)  # noqa: E731
         predictions, per_example, step = private_train_step(self.model, forward, self.dp_optimizer, x, y, users)
         with tf.control_dependencies([step]):
@@ -177,7 +151,7 @@ class PrivateModel(tf.keras.Model):
 
     def test_step(self, data):
         x, y, weights = tf.keras.utils.unpack_x_y_sample_weight(data)
-        _refuse_weights(weights, "the validation data's sample weights")
+        refuse_weights(weights, "the validation data's sample weights")
         predictions, per_example = self._per_example_loss(x, y, training=False)
         return self._metric_results(y, predictions, tf.cast(per_example, tf.float32))
 
@@ -200,19 +174,9 @@ class PrivateModel(tf.keras.Model):
         ``user_ids`` (user level only, required there): the user of each
         training example, in ``[0, num_users)``.
         """
-        for key in ("class_weight", "sample_weight"):
-            if kwargs.get(key) is not None:
-                _refuse_weights(kwargs[key], f"fit({key}=...)")
-        for key in ("batch_size", "steps_per_epoch", "shuffle"):
-            if kwargs.get(key) is not None:
-                raise ValueError(f"fit({key}=...) is not supported on a private model: batches are Poisson samples "
-                                 "of expected size make_private(batch_size=...), one epoch is round(N/B) steps")
-        if kwargs.get("validation_split"):
-            raise ValueError("fit(validation_split=...) is not supported on a private model: N, and so the sampling "
-                             "rate and epsilon, is make_private(num_examples=...); split the data yourself and pass "
-                             "fit(x_train, y_train, validation_data=(x_val, y_val))")
+        refuse_fit_arguments(kwargs)
         self._check_optimizer()
-        x = _tuples(x)
+        x = as_tuples(x)
         spe = self.config.steps if self.config.steps is not None else self.config.steps_per_epoch
         epochs = epochs if epochs is not None else (self.config.epochs or 1)
         dataset = self._batches(x, y, (epochs - initial_epoch) * spe, user_ids)
@@ -279,7 +243,7 @@ class PrivateModel(tf.keras.Model):
             self._ledger_void(SHUFFLE_REASON)
             log.warning("NOT PRIVATE: %s; pass arrays or an indexed source for Poisson batches", SHUFFLE_REASON)
             return None
-        gather, pairs = self._gather(x, y)
+        gather, pairs = gather_of(x, y, self.config.num_examples)
         noise = NoiseSource(self.config.noise_seed)
         if noise.not_private_reason:
             self._ledger_void(noise.not_private_reason)
@@ -296,20 +260,6 @@ class PrivateModel(tf.keras.Model):
             check_no_coupling(lambda bx, by: self._per_example_loss(bx, by, training=False)[1], fx, fy)
             self._checked = True
         return sampled_batch_dataset(sampler, batch_gather, num_steps)
-
-    def _gather(self, x, y) -> tuple:
-        """``(gather(indices) -> batch, whether batches are (x, y) pairs)`` after checking the size."""
-        if _is_source(x):
-            size, gather, pairs = len(x), x.__getitem__, True
-        else:
-            arrays = ArrayGather(x if y is None else (x, y))
-            check_finite_arrays(x, "x")
-            check_finite_arrays(y, "y")
-            size, gather, pairs = arrays.num_examples, arrays, y is not None
-        if size != self.config.num_examples:
-            raise ValueError(f"the data has {size} examples but make_private(num_examples={self.config.num_examples}): "
-                             "the sampling rate B/N and so epsilon depend on N; pass the training set's size")
-        return gather, pairs
 
     def _ledger_void(self, reason: str) -> None:
         self.privacy_callback.ledger.record_void(reason)
@@ -373,15 +323,6 @@ class PrivateModel(tf.keras.Model):
         if reasons:
             out["not_private_reasons"] = reasons
         return out
-
-
-def _tuples(x):
-    """``x`` with lists turned into tuples, recursively (a multi-input model's ``[x1, x2]``, as Keras accepts)."""
-    if isinstance(x, list):
-        return tuple(_tuples(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _tuples(v) for k, v in x.items()}
-    return x
 
 
 def _outside_guarantee(model) -> tuple:

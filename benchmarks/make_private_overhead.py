@@ -27,8 +27,8 @@ coupling check):
   time outside its steps: iterator setup and the epoch-end callbacks, where
   ``make_private`` computes ε with the PLD accountant);
 * ``{"config": "coupling_check", "check_ms", "first_check_ms", ...}``:
-  :func:`tfdp_sparse.keras.coupling.check_no_coupling` timed alone (first call and
-  median of repeats; it runs once, before the first step of the first ``fit``).
+  :func:`tfdp_sparse.keras.coupling.check_no_coupling` timed alone at the run's batch size
+  (first call and median of repeats; it runs once, before the first step of the first ``fit``).
 
 Example::
 
@@ -265,12 +265,13 @@ def coupling_line(s: Settings, x: dict, y: np.ndarray, floor_step_ms: float) -> 
     """
     model = build_model(s)
     model({k: v[:2] for k, v in x.items()})
-    sub = {k: v[:8] for k, v in x.items()}
-    loss = lambda bx, by: LOSS.call(by, model(bx, training=False))  # noqa: E731
+    loss = lambda bx, by, training: LOSS.call(by, model(bx, training=training))  # noqa: E731
+    take = lambda index: ({k: v[index] for k, v in x.items()}, y[index])  # noqa: E731
     times = []
     for _ in range(1 + s.check_repeats):
         t0 = time.perf_counter()
-        check_no_coupling(loss, sub, y[:8])
+        check_no_coupling(loss, take, num_rows=len(y), batch_size=s.batch, variables=model.variables,
+                          trainable=model.trainable_variables)
         times.append(time.perf_counter() - t0)
     return {
         "benchmark": "make_private_overhead", "config": "coupling_check",

@@ -31,15 +31,9 @@ def dp_optimizer(mechanism: Mechanism, learning_rate: float = 0.01, expected_bat
 def fit_privately(model, mechanism: Mechanism, loss, x, y, batch_size: int):
     """One epoch of the stack's private ``fit`` with ``mechanism``: what a user's ``fit`` would refuse, this refuses.
 
-    tf-keras: ``model.compile`` with the attached ``DPOptimizer`` (its ``minimize`` is the private step).
-    Keras 3, whose default ``train_step`` calls ``apply_gradients`` (refused outside the private step):
-    :func:`tfdp_sparse.keras.make_private`'s ``fit``, the one private ``fit`` there.
+    :func:`tfdp_sparse.keras.make_private`'s ``fit``, the one private ``fit`` on both stacks
+    (``model.compile(optimizer=DPOptimizer)`` is refused for private mechanisms).
     """
-    if not is_keras_3():
-        opt = dp_optimizer(mechanism, 0.1, expected_batch_size=batch_size)
-        opt.attach(model)
-        model.compile(optimizer=opt, loss=loss)
-        return model.fit(x, y, batch_size=batch_size, verbose=0)
     private = make_private(model, mechanism, num_examples=len(y), batch_size=batch_size, epochs=1,
                            learning_rate=0.1, loss=loss)
     private.compile()

@@ -5,7 +5,7 @@ import pytest
 import scipy.stats
 import tensorflow as tf
 
-from tfdp_sparse.keras import DPOptimizer, PrivateStep
+from tfdp_sparse.keras import DPOptimizer, PrivateStep, UnprivatizedUpdateError
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.mechanisms import DPSGD, NonPrivate
 from tfdp_sparse.mechanisms.eana import EANA
@@ -48,9 +48,7 @@ def test_fit_dpsgd_with_zero_noise_equals_clipped_mean_step():
     model = _model()
     before = [v.numpy() for v in model.trainable_variables]
     opt = DPOptimizer(DPSGD(noise_multiplier=0.0, l2_norm_clip=0.01), learning_rate=1.0, expected_batch_size=8)
-    opt.attach(model)
-    model.compile(optimizer=opt, loss=_per_example_bce())
-    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    PrivateStep(model, _per_example_bce(), opt)(tf.constant(x), tf.constant(y))
     # Every example's gradient is larger than C = 0.01, so the update's norm is
     # at most lr * C (the mean of vectors of norm C), and is non-zero.
     delta = np.sqrt(sum(np.sum((v.numpy() - b) ** 2) for v, b in zip(model.trainable_variables, before)))
@@ -100,14 +98,37 @@ def test_dpsgd_applies_noise_to_unlooked_rows():
     assert int(metrics["embedding_values"]) == 30 * 4
 
 
-def test_scalar_loss_in_compile_gets_clear_error():
+def test_scalar_loss_gets_clear_error():
+    x, y = _data(n=16)
+    step = PrivateStep(_model(), tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                       DPOptimizer(DPSGD(1.0, 1.0), 0.1, expected_batch_size=16))
+    with pytest.raises(ValueError, match="one loss per example"):
+        step(tf.constant(x), tf.constant(y))
+
+
+@pytest.mark.parametrize("case", ["plain", "centring layer"])
+def test_compile_with_a_private_dp_optimizer_is_refused_naming_make_private(case):
+    """Issue 31 item 3: Keras' train step on this path had none of make_private's checks.
+
+    Before: the plain case trained (no coupling check, no non-finite drop, no
+    ledger) and a batch-centring layer trained with no coupling check. (A
+    ``kernel_regularizer`` still fails in Keras' own loss, an ``AddN`` of a
+    scalar and a vector, before the optimizer is reached: no step runs.)
+    """
     x, y = _data()
-    model = _model()
+    ids = tf.keras.Input((3,), dtype=tf.int64)
+    h = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(50, 4)(ids))
+    if case == "centring layer":
+        h = tf.keras.layers.Lambda(lambda t: t - tf.reduce_mean(t, axis=0, keepdims=True))(h)
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(h))
+    before = [v.numpy() for v in model.trainable_variables]
     opt = DPOptimizer(DPSGD(1.0, 1.0), 0.1, expected_batch_size=16)
     opt.attach(model)
-    model.compile(optimizer=opt, loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
-    with pytest.raises(ValueError, match="one loss per example"):
+    model.compile(optimizer=opt, loss=_per_example_bce())
+    with pytest.raises(UnprivatizedUpdateError, match=r"refused for the private mechanism 'dpsgd'.*make_private"):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    for v, b in zip(model.trainable_variables, before):
+        np.testing.assert_array_equal(v.numpy(), b)  # nothing trained
 
 
 @pytest.mark.parametrize(

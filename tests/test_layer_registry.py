@@ -149,7 +149,7 @@ def test_layer_without_a_rule_is_refused_without_fallback_and_a_registered_rule_
 
 def test_fit_without_attach_gets_a_clear_error():
     model = _model()
-    opt = dp_optimizer(DPSGD(1.0, 1.0, seed=0), 0.1, expected_batch_size=4)
+    opt = dp_optimizer(NonPrivate(), 0.1)  # the compile path is refused for private mechanisms
     model.compile(optimizer=opt, loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none"))
     with pytest.raises(ValueError, match=r"call optimizer.attach\(model\)"):
         model.fit(_ids(), tf.zeros([4, 1]), batch_size=4, verbose=0)

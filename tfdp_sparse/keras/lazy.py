@@ -37,12 +37,11 @@ Keras model): call :func:`flush_all` first.
 
 Example::
 
-    mech.bind_model(model)
-    opt = DPOptimizer(mech, 0.1, expected_batch_size=256)
-    opt.attach(model)
-    model.compile(optimizer=opt, loss=per_example_loss)
-    model.fit(ds, epochs=2, callbacks=[LazyDPCallback(mech),
-                                       tf.keras.callbacks.ModelCheckpoint(path)])
+    private = make_private(model, LazyDP(1.0, 1.0), num_examples=n, batch_size=256, epochs=2, loss=loss)
+    private.compile()
+    private.fit(x, y, callbacks=[FlushingModelCheckpoint(path, save_weights_only=True)])
+    step = PrivateStep(model, per_example_loss, DPOptimizer(mech, 0.1, expected_batch_size=256))
+    ...                             # a custom loop of step(x, y)
     ensure_flushed(model)           # before model.save / tf.saved_model.save
 """
 

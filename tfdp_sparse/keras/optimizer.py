@@ -1,8 +1,9 @@
-"""The Keras face: a DP optimizer for ``model.compile`` and custom loops.
+"""The Keras face: a DP optimizer for :func:`~tfdp_sparse.keras.make_private` and custom loops.
 
-``DPOptimizer`` is a ``tf.keras.optimizers.SGD`` whose ``minimize`` (called
-by ``Model.train_step`` with the per-example loss and the tape) performs the
-private step:
+``DPOptimizer`` is a ``tf.keras.optimizers.SGD`` whose ``private_step``
+(called by :class:`~tfdp_sparse.keras.step.PrivateStep` and by
+``make_private``'s train step with the per-example loss and the tape)
+performs the private step:
 
 1. per-example norms from the activation gradients of one backward pass
    (:mod:`tfdp_sparse.clipping`), clipping to ``C``;
@@ -13,24 +14,26 @@ private step:
    ``table_optimizer=``, a row-wise Adagrad / Adam / FTRL on the tables
    (:mod:`tfdp_sparse.optimizers`).
 
-It needs one loss per example: compile with ``reduction=NONE``, and the
-model it trains: ``opt.attach(model)`` before ``fit`` gives the model's
-layers their clipping rules (:mod:`tfdp_sparse.clipping.registry`);
-:class:`~tfdp_sparse.keras.step.PrivateStep` does it itself. For private
-mechanisms it needs ``expected_batch_size`` and refuses (naming the layer)
-models whose variables it would change without clipping and noise, e.g. a
-``BatchNormalization`` or tied embedding weights
+``model.compile(optimizer=DPOptimizer(<private mechanism>))`` followed by
+``model.fit`` is refused (:data:`COMPILE_MESSAGE`): Keras' own train step
+hands the optimizer a loss computed without the private run's checks (the
+coupling check, non-finite examples, regularizers outside clipping, Poisson
+batches, the ledger), so it could only be weaker than ``make_private``,
+which owns the train step. A non-private mechanism (``NonPrivate``) may
+still train that way, as a baseline with no guarantee to weaken.
+
+For private mechanisms it needs ``expected_batch_size`` and refuses (naming
+the layer) models whose variables it would change without clipping and
+noise, e.g. a ``BatchNormalization`` or tied embedding weights
 (:mod:`tfdp_sparse.clipping.coverage`).
 
 Example::
 
     opt = DPOptimizer(DPSGD(noise_multiplier=1.0, l2_norm_clip=1.0),
                       learning_rate=0.1, expected_batch_size=256)
-    opt.attach(model)
-    model.compile(optimizer=opt,
-                  loss=tf.keras.losses.BinaryCrossentropy(
-                      from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
-    model.fit(dataset, epochs=1)
+    step = PrivateStep(model, per_example_loss, opt)   # attaches the clipping rules
+    for x, y in poisson_batches:                       # a custom loop
+        step(x, y)
 """
 
 from __future__ import annotations
@@ -67,8 +70,16 @@ BYPASS_MESSAGE = (
     "train_step that calls optimizer.apply_gradients (tfrs.Model's train_step does this); a mixed_float16 "
     "policy, under which model.compile wraps the optimizer in a LossScaleOptimizer; or a hand-written loop. "
     "Use tfdp_sparse.keras.make_private(model, ...), which owns the train step (tfrs.Model through its "
-    "compute_loss, mixed precision included), or PrivateStep in a custom loop; a custom train_step must call "
-    "optimizer.minimize(per_example_loss, variables, tape)."
+    "compute_loss, mixed precision included), or PrivateStep in a custom loop."
+)
+
+COMPILE_MESSAGE = (
+    "model.compile(optimizer=DPOptimizer) with model.fit is refused for the private mechanism {name!r}: Keras' "
+    "train step hands the optimizer a loss computed without the private run's checks (the coupling check, "
+    "non-finite examples, regularizers outside clipping, Poisson batches, the ledger and its epsilon), so the run "
+    "would be weaker than make_private's. Use private = tfdp_sparse.keras.make_private(model, mechanism, "
+    "num_examples=..., batch_size=..., epochs=..., loss=...); private.compile(); private.fit(x, y), or "
+    "PrivateStep(model, per_example_loss, optimizer) in a custom loop."
 )
 
 
@@ -313,7 +324,13 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         return super().apply_gradients(grads_and_vars, name=name, **kwargs)
 
     def minimize(self, loss, var_list, tape=None):
-        """Keras entry point: ``loss`` must be the per-example loss vector."""
+        """Keras' ``train_step`` entry point: refused for a private mechanism (:data:`COMPILE_MESSAGE`).
+
+        A non-private mechanism trains through :meth:`private_step` (``loss``
+        the per-example loss vector).
+        """
+        if self.mechanism.l2_norm_clip is not None:
+            raise UnprivatizedUpdateError(COMPILE_MESSAGE.format(name=self.mechanism.name))
         return self.private_step(loss, var_list, tape)
 
     def get_config(self):

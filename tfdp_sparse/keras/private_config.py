@@ -23,6 +23,16 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
+#: ``training_metrics`` values: no training loss/metrics (default), or the un-noised ones (labelled).
+TRAINING_METRICS = ("none", "raw")
+#: The ``outside_guarantee`` entry of ``training_metrics="raw"``.
+RAW_METRICS_RELEASE = ("training loss and metrics of the private batches, un-noised (training_metrics='raw'): "
+                       "exact statistics of each batch, not covered by epsilon")
+#: The ``outside_guarantee`` entry of a ``fit`` given ``validation_data``.
+VALIDATION_RELEASE = ("validation loss and metrics (validation_data): exact, not covered by epsilon; private only "
+                      "if the validation examples are public or held out of every release")
+
+
 @dataclasses.dataclass(frozen=True)
 class PrivateFitConfig:
     """What :func:`~tfdp_sparse.keras.make_private` needs besides the model and the mechanism.
@@ -42,6 +52,11 @@ class PrivateFitConfig:
         At the user level ``batch_size`` is the expected number of *users* per step, the rate is
         ``B / num_users``, an epoch is ``round(num_users / B)`` steps and δ defaults by ``num_users``.
       num_users: the number of users (user level only).
+      training_metrics: ``"none"`` (default): ``fit`` reports no loss or metric of the private
+        training batches (``History`` holds ε, δ, the step count and validation metrics); ``"raw"``: the
+        un-noised training loss and metrics, an explicit release outside the guarantee, named in
+        ``report()["outside_guarantee"]`` (a canary's large loss was detected at TPR 70-90 % at
+        FPR 0 from ``History["loss"]``, issue 31).
     """
 
     num_examples: int
@@ -55,6 +70,7 @@ class PrivateFitConfig:
     noise_seed: Optional[int] = None
     privacy_unit: PrivacyUnitConfig = PrivacyUnitConfig()
     num_users: Optional[int] = None
+    training_metrics: str = "none"
 
     def __post_init__(self):
         _positive_int("num_examples", self.num_examples)
@@ -79,6 +95,8 @@ class PrivateFitConfig:
                                                         and self.allow_coupled_loss.strip()):
             raise ValueError("allow_coupled_loss must be None or a non-empty reason (it is printed as why the run "
                              f"is not private), got {self.allow_coupled_loss!r}")
+        if self.training_metrics not in TRAINING_METRICS:
+            raise ValueError(f"training_metrics must be one of {TRAINING_METRICS}, got {self.training_metrics!r}")
         if isinstance(self.learning_rate, numbers.Real) and not (math.isfinite(self.learning_rate)
                                                                  and self.learning_rate > 0):
             raise ValueError(f"learning_rate must be a finite number > 0 or a schedule, got {self.learning_rate!r}")

@@ -45,12 +45,12 @@ from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data.sampling import PoissonSampler, sampled_batch_dataset
-from tfdp_sparse.keras.coupling import check_no_coupling
+from tfdp_sparse.keras.coupling import CouplingCheck, check_no_coupling, owner_of
 from tfdp_sparse.keras.fit_inputs import (  # noqa: F401  (IndexedSource: the documented source type)
     IndexedSource, as_tuples, gather_of, refuse_fit_arguments, refuse_weights)
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.per_example_loss import per_example_loss_fn
-from tfdp_sparse.keras.private_config import PrivateFitConfig
+from tfdp_sparse.keras.private_config import RAW_METRICS_RELEASE, VALIDATION_RELEASE, PrivateFitConfig
 from tfdp_sparse.keras.private_setup import RunShape, SelectionCounts, SetupOptions, prepare_private
 from tfdp_sparse.accounting.releases import PreTrainingRelease
 from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, RunCharge, epsilon_of, sync_ledger
@@ -61,7 +61,7 @@ from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.data.user_sampling import UserPoissonSampler
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.mechanisms.base import Mechanism
-from tfdp_sparse.keras_stack import is_keras_3, sublayers
+from tfdp_sparse.keras_stack import is_keras_3, sublayers, tf_variables
 from tfdp_sparse.noise_source import NoiseSource
 
 log = logging.getLogger("tfdp_sparse.keras")
@@ -95,9 +95,13 @@ class PrivateModel(tf.keras.Model):
         self._per_example = per_example_loss_fn(loss)
         self._tfrs = _is_tfrs_model(model)
         self._outside = outside_guarantee
+        # exact statistics this run has shown (raw training metrics, validation metrics): named in report()
+        self._released: list[str] = [RAW_METRICS_RELEASE] if config.training_metrics == "raw" else []
         self._loss_tracker = tf.keras.metrics.Mean(name="loss")
         self._sampling = "poisson"
-        self._checked = config.allow_coupled_loss is not None
+        # the coupling check passed for this (loss, model variables, batch size):
+        self._coupling_key: Optional[tuple] = None
+        self._coupling: Optional[CouplingCheck] = None
         self.privacy_callback = PrivacyCallback(self.privacy_state, ledger, charge, optimizer.mechanism)
         if self._per_example is None and not self._tfrs:
             raise ValueError("make_private needs loss= (a per-example loss, e.g. tf.keras.losses.BinaryCrossentropy("
@@ -119,8 +123,7 @@ class PrivateModel(tf.keras.Model):
             raise ValueError("run_eagerly=True is not supported: the private step is traced, which is where "
                              "its per-layer and regularizer checks run")
         if loss is not None:
-            self._per_example = per_example_loss_fn(loss)
-            self._checked = False  # a new loss is checked for coupling again before the next step
+            self._per_example = per_example_loss_fn(loss)  # a new loss: a new key, checked again before the next step
         super().compile(optimizer=self.dp_optimizer, metrics=metrics, **kwargs)
 
     @property
@@ -147,7 +150,11 @@ class PrivateModel(tf.keras.Model):
         with tf.control_dependencies([step]):
             counted = self.privacy_state.count_step(tf.shape(per_example)[0])
         with tf.control_dependencies(counted):
-            return self._metric_results(y, predictions, per_example)
+            if self.config.training_metrics == "raw":
+                return self._metric_results(y, predictions, per_example)
+            # No statistic of a private batch leaves the step: only the step count, which the plan fixes
+            # (ε and δ come from PrivacyCallback).
+            return {"step": tf.identity(counted[0])}
 
     def test_step(self, data):
         x, y, weights = tf.keras.utils.unpack_x_y_sample_weight(data)
@@ -189,6 +196,8 @@ class PrivateModel(tf.keras.Model):
             # (the callback's stop only acts between executions).
             dataset = dataset.take(remaining)
         verbose = 1 if verbose == "auto" else verbose
+        if kwargs.get("validation_data") is not None and VALIDATION_RELEASE not in self._released:
+            self._released.append(VALIDATION_RELEASE)
         user = list(callbacks or [])
         if inspects_pending_noise(user) and self.mechanism.plan.requires().defers_noise:
             self._ledger_void(INSPECTS_REASON)
@@ -254,12 +263,39 @@ class PrivateModel(tf.keras.Model):
             batch_gather = UserGather(gather, ids, self.config.num_users)
             sampler = UserPoissonSampler(batch_gather.offsets, self.config.batch_size, unit.max_examples_per_user,
                                          noise)
-        if not self._checked:
-            first = gather(np.arange(min(8, self.config.num_examples), dtype=np.int64))
-            fx, fy = first if pairs else (first, None)
-            check_no_coupling(lambda bx, by: self._per_example_loss(bx, by, training=False)[1], fx, fy)
-            self._checked = True
+        self._check_coupling(gather, pairs, self._expected_examples(batch_gather if unit.is_user_level else None))
         return sampled_batch_dataset(sampler, batch_gather, num_steps)
+
+    def _expected_examples(self, users: Optional[UserGather]) -> float:
+        """Expected examples per Poisson batch: ``B`` (examples), or ``q · Σ_u min(n_u, k)`` (users)."""
+        if users is None:
+            return float(self.config.batch_size)
+        counts = np.minimum(np.diff(users.offsets), self.config.privacy_unit.max_examples_per_user)
+        return float(self.config.sampling_rate * counts.sum())
+
+    def _check_coupling(self, gather, pairs: bool, batch_size: float) -> None:
+        """Runs :func:`check_no_coupling` unless this loss, model and batch size passed it already (or opted out)."""
+        if self.config.allow_coupled_loss is not None:
+            return
+        key = (self._per_example, tuple(v.ref() for v in tf_variables(self.model.variables)),
+               round(batch_size))
+        if self._coupling_key == key:
+            return
+
+        def take(index):
+            rows = gather(index)
+            return rows if pairs else (rows, None)
+
+        mechanism = self.mechanism
+        if mechanism.has_pending():
+            mechanism.flush()  # no row owes noise: a training read in the check catches up nothing
+        self._coupling = check_no_coupling(
+            lambda bx, by, training: self._per_example_loss(bx, by, training=training)[1], take,
+            num_rows=self.config.num_examples, batch_size=batch_size, variables=tf_variables(self.model.variables),
+            trainable=tf_variables(self.model.trainable_variables), owner=owner_of(self.model),
+            machinery=[*mechanism.variables, *(g.state for g in mechanism.generators())])
+        self.dp_optimizer.recorder().clear()  # the check's eager taps
+        self._coupling_key = key
 
     def _ledger_void(self, reason: str) -> None:
         self.privacy_callback.ledger.record_void(reason)
@@ -318,7 +354,8 @@ class PrivateModel(tf.keras.Model):
             "private": not reasons,
             **self.config.privacy_unit.describe(),
             **self.mechanism.noise_source.describe(),
-            "outside_guarantee": list(self._outside),
+            "outside_guarantee": [*self._outside, *self._released],
+            "coupling_check": self._coupling.describe() if self._coupling else None,
         }
         if reasons:
             out["not_private_reasons"] = reasons
@@ -337,8 +374,8 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                  allow_coupled_loss: Optional[str] = None, noise_seed: Optional[int] = None, table_optimizer=None,
                  dense_optimizer=None, registry: Optional[LayerRegistry] = None, accountant: str = "pld",
                  pre_training: Sequence[PreTrainingRelease] = (), selection_counts: Optional[SelectionCounts] = None,
-                 privacy_unit: PrivacyUnitConfig = PrivacyUnitConfig(), num_users: Optional[int] = None
-                 ) -> PrivateModel:
+                 privacy_unit: PrivacyUnitConfig = PrivacyUnitConfig(), num_users: Optional[int] = None,
+                 training_metrics: str = "none") -> PrivateModel:
     """Wraps a built ``model`` for private training (see module doc); returns the :class:`PrivateModel`.
 
     The setup (δ, σ, mechanism, optimizer, ledger) is :func:`~tfdp_sparse.keras.private_setup.prepare_private`,
@@ -349,7 +386,8 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
       privacy: a :class:`~tfdp_sparse.config.PrivacyConfig` (σ calibrated when it or ``target_epsilon``
         sets a target) or a mechanism, e.g. ``LazyDP(noise_multiplier=1.0, l2_norm_clip=1.0)``.
       num_examples, batch_size, epochs / steps, learning_rate, delta, target_epsilon,
-        allow_coupled_loss, noise_seed: :class:`PrivateFitConfig`.
+        allow_coupled_loss, noise_seed, training_metrics: :class:`PrivateFitConfig` (by default ``fit``
+        reports no loss or metric of the private batches; ``training_metrics="raw"`` shows them, labelled).
       loss: the per-example loss ``(y, pred)``; a Keras loss object is used unreduced.
       table_optimizer / dense_optimizer: post-processing optimizers (see :class:`DPOptimizer`).
       registry: clipping rules (default: the toolkit's).
@@ -373,7 +411,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
     config = PrivateFitConfig(num_examples=num_examples, batch_size=batch_size, learning_rate=learning_rate,
                               epochs=epochs, steps=steps, delta=delta, target_epsilon=target_epsilon,
                               allow_coupled_loss=allow_coupled_loss, noise_seed=noise_seed,
-                              privacy_unit=privacy_unit, num_users=num_users)
+                              privacy_unit=privacy_unit, num_users=num_users, training_metrics=training_metrics)
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"make_private needs a tf.keras Model, got {type(model).__name__}")
     built_layers = [m for m in sublayers(model) if m.built]

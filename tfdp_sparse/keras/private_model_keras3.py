@@ -77,7 +77,13 @@ class Keras3PrivateModel(PrivateModel):
         ``PrivateModel`` made and the one Keras 3's ``compile`` puts in its place;
         the step updates the latter.)
         """
-        results = super().get_metrics_result()
+        results = {}
+        for metric in self.metrics:
+            try:
+                result = metric.result()
+            except ValueError:  # compiled metrics no step updated (training_metrics="none") are not built
+                continue
+            results.update(result if isinstance(result, dict) else {metric.name: result})
         loss = self._loss_tracker.result()
         results["loss"] = float(loss) if tf.executing_eagerly() else loss
         return results

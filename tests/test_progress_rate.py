@@ -14,10 +14,11 @@ import re
 import pytest
 
 from tests.test_train_pctr import make_run
+from trainers import tensorboard
 from trainers import train_pctr as tp
 from trainers.lib.steps import StepStats
 
-PROGRESS = re.compile(r"^step (\d+)/(\d+) loss=\S+ (\d+) examples/s")
+PROGRESS = re.compile(r"^step (\d+)/(\d+)(?: loss=\S+)? (\d+) examples/s")
 
 
 def test_step_stats_rate_is_examples_per_second_of_step_time():
@@ -36,7 +37,28 @@ def test_last_progress_line_reports_the_json_examples_per_sec(caplog):
     assert lines, [r.getMessage() for r in caplog.records]
     last = lines[-1]
     assert (int(last.group(1)), int(last.group(2))) == (10, 10)
+    assert all(" loss=" not in m.group(0) for m in lines)  # a private run shows no training loss by default
+    assert tensorboard.RAW_PROGRESS_LOSS not in metrics["outside_guarantee"]
     printed, reported = float(last.group(3)), metrics["examples_per_sec"]
     # The line prints whole examples/s, the JSON one decimal: equal up to that rounding. A wall-clock
     # figure (tracing step, input pipeline, epsilon) would be several times lower on a run this small.
     assert printed == pytest.approx(reported, abs=1.0, rel=1e-3), (printed, reported)
+
+
+def test_a_private_runs_progress_shows_its_training_loss_only_when_asked_and_labelled(caplog):
+    """Issue 31 item 5, the trainers' side: the progress lines' loss is an exact statistic of private batches.
+
+    The default (no loss shown, nothing named) is checked on the run of the test above.
+    """
+    caplog.set_level(logging.INFO, logger="tfdp_sparse.train")
+    metrics = tp.train_and_evaluate(make_run(steps=5, training_metrics="raw"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "tfdp_sparse.train" and PROGRESS.match(r.getMessage())]
+    assert lines and all(" loss=" in line for line in lines), lines
+    assert tensorboard.RAW_PROGRESS_LOSS in metrics["outside_guarantee"]
+
+
+def test_a_bad_training_metrics_setting_is_refused():
+    from trainers import loop as loop_lib
+
+    with pytest.raises(ValueError, match="training_metrics must be one of"):
+        loop_lib.LoopConfig(batch_size=8, steps=1, learning_rate=1.0, training_metrics="noised")

@@ -90,3 +90,15 @@ def test_rows_touched_are_rows_selected(algorithm, data):
         selected = flag.numpy()
         assert selected.any()
         np.testing.assert_array_equal(changed, selected, err_msg=table.name)
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "lazydp"])
+def test_a_nan_example_is_dropped_as_on_the_keras_path(algorithm, data):
+    """Issue 31 item 4 on the TPU program: one NaN feature turned every weight into NaN there."""
+    poisoned = [({"cat": f["cat"], "dense": tf.tensor_scatter_nd_update(f["dense"], [[2, 0]], [np.nan])}, labels)
+                for f, labels in data]
+    keras_model, _ = h.train_keras(algorithm, poisoned)
+    tpu_model, _ = h.train_emulator(algorithm, poisoned)
+    for a, b, var in zip(h.raw_weights(keras_model), h.raw_weights(tpu_model), keras_model.variables):
+        assert np.all(np.isfinite(b)), var.name
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0, err_msg=var.name)

@@ -23,6 +23,7 @@ from absl import app, flags
 from tfdp_sparse import mechanisms
 from tfdp_sparse.clipping.user_norms import UserClipMethod
 from tfdp_sparse.config import PrivacyConfig
+from tfdp_sparse.keras.private_config import TRAINING_METRICS
 from tfdp_sparse.privacy_unit import PrivacyUnit, PrivacyUnitConfig
 from trainers import summary
 from trainers.lib import cluster as cluster_lib
@@ -135,6 +136,14 @@ def define_tensorboard_flag(flag_values: flags.FlagValues) -> None:
         "write TensorBoard scalars here: loss, clipped fraction, embedding values and step time per step, epsilon "
         "every --log_every steps, evaluation metrics at the end. They are exact statistics of private batches: "
         "keep the directory like the training data", flag_values=flag_values)
+
+
+def define_training_metrics_flag(flag_values: flags.FlagValues) -> None:
+    """``--training_metrics``: whether progress lines show the training loss of private batches (labelled)."""
+    flags.DEFINE_enum(
+        "training_metrics", "none", list(TRAINING_METRICS),
+        "none (default): a private run's progress lines show no training loss, an exact statistic of private "
+        "batches; raw: show it, named under outside_guarantee in the JSON line", flag_values=flag_values)
 
 
 def parse_k(text: str):

@@ -174,11 +174,17 @@ def write_evaluation(logdir: Optional[str], step: int, scalars: Mapping[str, Opt
     writer.close()
 
 
-def outside_guarantee(logdir: Optional[str]) -> list[str]:
-    """The JSON line's ``outside_guarantee`` entry for a TensorBoard log (empty without one)."""
+#: The ``outside_guarantee`` entry of ``--training_metrics=raw``.
+RAW_PROGRESS_LOSS = ("training loss in the progress lines (--training_metrics=raw): exact statistics of private "
+                     "batches, not covered by epsilon")
+
+
+def outside_guarantee(logdir: Optional[str], training_metrics: str = "none") -> list[str]:
+    """The JSON line's ``outside_guarantee`` entries for a TensorBoard log and raw progress losses (or none)."""
+    raw = [RAW_PROGRESS_LOSS] if training_metrics == "raw" else []
     if logdir is None:
-        return []
-    return [f"TensorBoard scalars in {logdir}: loss, clipped fraction, step time and embedding values of each "
+        return raw
+    return raw + [f"TensorBoard scalars in {logdir}: loss, clipped fraction, step time and embedding values of each "
             "private batch, exact (keep the directory like the training data; epsilon there is public)"]
 
 

@@ -144,6 +144,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       "(tpu_emulator; bag-of-words tower, no shared table, not with lazydp), or a TPU (tpu: only "
                       "under a TPUStrategy)", **fv)
     common_flags.define_tensorboard_flag(flag_values)
+    common_flags.define_training_metrics_flag(flag_values)
     common_flags.define_keras_stack_flag(flag_values)
     # The shared flags are defined in common_flags: make them key flags of this trainer, so --help shows them.
     flags.adopt_module_key_flags(common_flags, flag_values)
@@ -359,7 +360,8 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
     tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, quality)
     extra = dict(info)
     extra["outside_guarantee"] = [*extra.get("outside_guarantee", []),
-                                  *tensorboard.outside_guarantee(run.loop.tensorboard_dir)]
+                                  *tensorboard.outside_guarantee(run.loop.tensorboard_dir,
+                                                                 run.loop.training_metrics)]
     extra.update({k: round(v, 5) for k, v in quality.items()})
     extra.update(context_tower=run.model.context_tower, negatives=run.model.negatives,
                  share_embeddings=run.model.share_embeddings)
@@ -410,7 +412,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
         dense_optimizer=fv.dense_optimizer, dense_learning_rate=fv.dense_learning_rate,
         table_optimizer=fv.table_optimizer, table_learning_rate=fv.table_learning_rate,
         calibrate_noise=fv.noise_multiplier is None, tensorboard_dir=fv.tensorboard_dir,
-        performance=loop_lib.PerformanceFlags(embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend)),
+        training_metrics=fv.training_metrics, performance=loop_lib.PerformanceFlags(embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend)),
     )
     data = DataConfig(
         source=fv.data, movies=fv.movies, max_bad_fraction=fv.max_bad_fraction, num_users=fv.num_users,

@@ -139,6 +139,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_string("metrics_out", None, "write the final JSON line here", **fv)
     flags.DEFINE_integer("log_every", 50, "steps between progress lines", **fv)
     common_flags.define_tensorboard_flag(flag_values)
+    common_flags.define_training_metrics_flag(flag_values)
     common_flags.define_keras_stack_flag(flag_values)
     # The shared flags are defined in common_flags: make them key flags of this trainer, so --help shows them.
     flags.adopt_module_key_flags(common_flags, flag_values)
@@ -311,7 +312,8 @@ def train_and_evaluate(run: PctrRun) -> dict:
         auc = pctr_data.evaluate_auc(model, evaluation)
         tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, {"auc": auc})
     info = {**info, "outside_guarantee": [*info.get("outside_guarantee", []),
-                                          *tensorboard.outside_guarantee(run.loop.tensorboard_dir)]}
+                                          *tensorboard.outside_guarantee(run.loop.tensorboard_dir,
+                                                                         run.loop.training_metrics)]}
     dense_values = sum(v * pctr.embedding_dim(v) for v in vocab_sizes)
     metrics = summary.metrics_line(result, auc=auc, dense_embedding_values=dense_values, extra=info)
     if run.compare_dpsgd_step and metrics["step_ms"]:
@@ -341,7 +343,8 @@ def _train_on_cluster(run: PctrRun, data: PctrData, vocab_sizes, privacy: Privac
     auc = pctr_data.evaluate_auc(model, data.evaluation)
     tensorboard.write_evaluation(loop.tensorboard_dir, result.steps, {"auc": auc, "epsilon": result.epsilon})
     info = {**data.info, **cluster_lib.cluster_fields(run.cluster, result)}
-    info["outside_guarantee"] = [*info.get("outside_guarantee", []), *tensorboard.outside_guarantee(loop.tensorboard_dir)]
+    info["outside_guarantee"] = [*info.get("outside_guarantee", []), *tensorboard.outside_guarantee(loop.tensorboard_dir,
+                                                                                               loop.training_metrics)]
     metrics = summary.metrics_line(result, auc=auc, dense_embedding_values=sum(v * pctr.embedding_dim(v) for v in vocab_sizes),
                                    extra=info)
     if run.export_dir:
@@ -397,6 +400,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         table_learning_rate=fv.table_learning_rate,
         calibrate_noise=fv.noise_multiplier is None,
         tensorboard_dir=fv.tensorboard_dir,
+        training_metrics=fv.training_metrics,
         performance=loop_lib.PerformanceFlags(
             jit_compile=fv.jit_compile, embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend),
             predraw_dense_noise=fv.predraw_dense_noise),

@@ -125,6 +125,23 @@ def parity_one(strategy, name: str) -> dict:
             "mirrored_clipped_fraction": float(mirrored_opt.last_clipped_fraction.numpy())}
 
 
+def non_finite(strategy) -> dict:
+    """A NaN label in each global batch: mirrored against one device (which drops it), zero noise."""
+    batches = [(x, np.where(np.arange(len(y)) == 3, np.nan, y).astype(np.float32)) for x, y in _batches(3)]
+    model, initial, _ = _mirrored_run(strategy, MECHANISMS["dpsgd"], batches)
+    reference = _model(1)
+    reference.set_weights(initial)
+    mech = MECHANISMS["dpsgd"]()
+    mech.bind_model(reference)
+    step = PrivateStep(reference, _bce, _optimizer(mech, False))
+    for x, y in batches:
+        step(tf.constant(x), tf.constant(y))
+    copies = _copies(model)
+    return {"all_finite": bool(all(np.all(np.isfinite(c)) for c in copies)),
+            "max_diff": max(float(np.max(np.abs(c - r.numpy()[None]))) for c, r in
+                            zip(copies, reference.trainable_variables))}
+
+
 def parity(strategy) -> dict:
     """:func:`parity_one` for every mechanism of :data:`MECHANISMS`."""
     return {name: parity_one(strategy, name) for name in MECHANISMS}
@@ -284,6 +301,7 @@ def main() -> None:
     result = {
         "replicas": strategy.num_replicas_in_sync,
         "parity": parity(strategy),
+        "non_finite": non_finite(strategy),
         "drift": drift(strategy),
         "noise_global": noise(strategy, MirroredPrivateStep),
         "noise_per_replica": noise(strategy, PerReplicaNoisingStep),

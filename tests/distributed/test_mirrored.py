@@ -158,3 +158,9 @@ def test_multi_worker_zero_noise_parity_with_one_device(workers, algorithm):
 def test_refused_setups(checks, case, words):
     assert checks["refusals"]["ok"] == "no error"
     assert words in checks["refusals"][case], checks["refusals"][case]
+
+
+def test_a_nan_example_is_dropped_as_on_one_device(checks):
+    """Issue 31 item 4 on mirrored replicas: a NaN label reached the all-reduced sum there."""
+    out = checks["non_finite"]
+    assert out["all_finite"] and out["max_diff"] < 1e-5, out

@@ -63,6 +63,7 @@ import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.clipping.clip import clip_gradients
+from tfdp_sparse.keras.non_finite import drop_non_finite_losses, without_non_finite
 from tfdp_sparse.keras.optimizer import DPOptimizer
 
 PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -150,8 +151,10 @@ class MirroredPrivateStep:
         """Forward pass and per-example clipping of this replica's share (replica context)."""
         self._recorder.clear()
         variables = self.model.trainable_variables
+        features, labels, keep = without_non_finite(features, labels)  # a NaN example contributes nothing
         with tf.GradientTape() as tape:
-            loss = self.loss_fn(labels, self.model(features, training=True))
+            loss = tf.cast(self.loss_fn(labels, self.model(features, training=True)), tf.float32)
+            loss, _ = drop_non_finite_losses(loss, keep)
         clipped = clip_gradients(loss, tape, variables, self._recorder.take(), self.mechanism.l2_norm_clip)
         self._layout = _Layout(tuple(clipped.is_table))
         parts = []

@@ -66,6 +66,7 @@ import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
+from tfdp_sparse.keras.non_finite import drop_non_finite_losses, without_non_finite
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.selection.false_positives import sample_false_positives_tf
 
@@ -142,8 +143,10 @@ class ClusterTrainer:
         features = tf.nest.map_structure(lambda a: tf.gather(tf.constant(a), index), self.data.features)
         labels = tf.gather(tf.constant(self.data.labels), index)
         self._recorder.clear()
+        features, labels, keep = without_non_finite(features, labels)  # a NaN example contributes nothing
         with tf.GradientTape() as tape:
-            per_example_loss = self.loss_fn(labels, self.model(features, training=True))
+            per_example_loss = tf.cast(self.loss_fn(labels, self.model(features, training=True)), tf.float32)
+            per_example_loss, _ = drop_non_finite_losses(per_example_loss, keep)
         update = self.optimizer.private_step(per_example_loss, self.model.trainable_variables, tape)
         with tf.control_dependencies([update]):
             # sum of (i + 1)^2 over the batch: tells batches apart in logs and tests

@@ -86,6 +86,20 @@ def drop_non_finite_losses(per_example_loss: tf.Tensor, keep: tf.Tensor) -> tupl
     return tf.where(keep, per_example_loss, tf.zeros_like(per_example_loss)), keep
 
 
+def without_non_finite(x: Any, y: Any) -> tuple[Any, Any, tf.Tensor]:
+    """``(x, y, keep)``: the batch with the non-finite examples' floating-point values zeroed, and the mask.
+
+    The first half of the drop every step body makes (Keras, parameter servers, mirrored replicas, the TPU
+    program); inside the tape, :func:`drop_non_finite_losses` with ``keep`` makes the second.
+
+    >>> x, y, keep = without_non_finite(tf.constant([[1.0], [2.0]]), tf.constant([0.0, np.nan]))
+    >>> keep.numpy().tolist(), y.numpy().tolist()
+    ([True, False], [0.0, 0.0])
+    """
+    keep = finite_examples(x, y)
+    return zero_dropped(x, keep), zero_dropped(y, keep), keep
+
+
 def check_finite_arrays(arrays: Any, name: str = "x", chunk: int = 1 << 16) -> None:
     """Raises ``ValueError`` naming the array, the count and the first example with a NaN or inf value.
 

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfdp_sparse.clipping.user_norms import UserClipping, UserSegments
-from tfdp_sparse.keras.non_finite import drop_non_finite_losses, finite_examples, zero_dropped
+from tfdp_sparse.keras.non_finite import drop_non_finite_losses, without_non_finite
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
@@ -47,8 +47,7 @@ def private_train_step(model: tf.keras.Model, forward_loss: ForwardLoss, optimiz
     Example: ``preds, losses, op = private_train_step(model, lambda x, y: (model(x), loss(y, model(x))), opt, x, y)``.
     """
     optimizer.recorder().clear()
-    keep = finite_examples(x, y)  # an example with a NaN or inf anywhere contributes nothing (non_finite.py)
-    x, y = zero_dropped(x, keep), zero_dropped(y, keep)
+    x, y, keep = without_non_finite(x, y)  # an example with a NaN or inf anywhere contributes nothing
     with tf.GradientTape() as tape:
         predictions, per_example = forward_loss(x, y)
         per_example, _ = drop_non_finite_losses(tf.cast(per_example, tf.float32), keep)

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Optional
 
 from tfdp_sparse.accounting.releases import PreTrainingRelease  # noqa: F401 (re-exported)
+from tfdp_sparse.keras.private_config import TRAINING_METRICS
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
 
 
@@ -58,6 +59,10 @@ class LoopConfig:
         ``learning_rate``; required (> 0) with the others. E.g.
         ``LoopConfig(1024, 300, 5.0, table_optimizer="adagrad",
         table_learning_rate=0.05)``.
+      training_metrics: ``"none"`` (default): the progress lines of a private
+        run show no training loss (an exact statistic of private batches);
+        ``"raw"`` shows it, named under ``outside_guarantee``
+        (:data:`tfdp_sparse.keras.private_config.TRAINING_METRICS`).
     """
 
     batch_size: int
@@ -76,3 +81,8 @@ class LoopConfig:
     table_learning_rate: Optional[float] = None
     #: speed settings only (XLA, where tables live): they cannot change the guarantee.
     performance: PerformanceFlags = PerformanceFlags()
+    training_metrics: str = "none"
+
+    def __post_init__(self):
+        if self.training_metrics not in TRAINING_METRICS:
+            raise ValueError(f"training_metrics must be one of {TRAINING_METRICS}, got {self.training_metrics!r}")

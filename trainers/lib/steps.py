@@ -173,7 +173,9 @@ def _progress(done: int, start: int, planned: int, loss: float, rate: float, ela
     ``rate`` is :attr:`StepStats.examples_per_sec` so far (the JSON line's
     ``examples_per_sec`` at the last step); the ETA uses the wall-clock
     ``elapsed`` since the first step, e.g.
-    ``step 20/20 loss=0.6931 5909 examples/s eta 0s epsilon=1.234``.
+    ``step 20/20 5909 examples/s eta 0s epsilon=1.234``; the training loss
+    (``loss=0.6931`` after the step count) only for a non-private run or with
+    ``LoopConfig.training_metrics="raw"`` (labelled in ``outside_guarantee``).
     """
     eta = (planned - done) * elapsed / max(done - start, 1)
     spent = None  # a PLD epsilon is slow: at progress points only
@@ -181,5 +183,6 @@ def _progress(done: int, start: int, planned: int, loss: float, rate: float, ela
     if charge.event is not None and ledger.is_private and due:
         spent = ledger.epsilon(charge.delta, charge.accountant)
     eps_text = "" if spent is None else f" epsilon={spent:.4g}"
-    log.info("step %d/%d loss=%.4f %.0f examples/s eta %.0fs%s", done, planned, loss, rate, eta, eps_text)
+    loss_text = f" loss={loss:.4f}" if charge.event is None or loop.training_metrics == "raw" else ""
+    log.info("step %d/%d%s %.0f examples/s eta %.0fs%s", done, planned, loss_text, rate, eta, eps_text)
     _flush_board(board, done, spent)

@@ -69,3 +69,24 @@ def test_lazydp_flush_before_eval_and_export(ps):
     weights = model.get_weights()  # Keras lists the two shards of the (now caught-up) table first
     np.testing.assert_array_equal(np.concatenate(weights[:2], axis=0), full)
 
+
+
+def test_nan_examples_are_dropped_on_the_cluster(ps):
+    """Issue 31 item 4 on parameter servers: a NaN label reached the clipped sum there."""
+    strategy, coordinator = ps
+    features, labels = batch(VOCAB, 400, seed=9)
+    labels = labels.astype(np.float32)
+    labels[::4] = np.nan  # a quarter of the examples: every Poisson batch holds some
+    with strategy.scope(), fixed_shape_variables(64):
+        model = build_model(VOCAB, DIM)
+        mechanism = build(PrivacyConfig(algorithm="dpsgd", noise_multiplier=0.5, l2_norm_clip=1.0))
+        optimizer = ShardedDPOptimizer(mechanism, learning_rate=0.1, expected_batch_size=BATCH)
+    trainer = ClusterTrainer(strategy, coordinator, model, LOSS, optimizer, IndexedExamples(features, labels),
+                             BATCH / len(labels))
+    mechanism.bind_model(model)
+    before = table_of(model)
+    trainer.schedule(3)
+    trainer.join()
+    after = table_of(model)
+    assert np.all(np.isfinite(after)) and np.any(after != before)
+    assert all(np.all(np.isfinite(w)) for w in model.get_weights())

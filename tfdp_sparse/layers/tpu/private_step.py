@@ -41,6 +41,7 @@ from typing import Callable, Mapping, Optional
 
 import tensorflow as tf
 
+from tfdp_sparse.keras.non_finite import drop_non_finite_losses, without_non_finite
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.layers.tpu import lookahead, packing
 from tfdp_sparse.layers.tpu.activation_clip import clip_from_activations
@@ -127,10 +128,12 @@ class TPUPrivateStep:
         acts = [activations[s.name] for s in self.plan.specs]
         reads = {n: (read_ids[n], tf.stop_gradient(activations[n + READ_SUFFIX])) for n in self.plan.read_features}
         self._recorder.clear()
+        features, labels, keep = without_non_finite(features, labels)  # a NaN example contributes nothing
         with tf.GradientTape() as tape:
             tape.watch(acts)
             predictions = self.split.forward(acts, reads, features, training=True)
-            per_example_loss = self.loss_fn(labels, predictions)
+            per_example_loss = tf.cast(self.loss_fn(labels, predictions), tf.float32)
+            per_example_loss, _ = drop_non_finite_losses(per_example_loss, keep)
         tables = [layer.embeddings for layer in self.split.layers]
         variables = list(self.split.model.trainable_variables)
         clipped = clip_from_activations(per_example_loss, tape, acts, ids, [s.combiner for s in self.plan.specs],

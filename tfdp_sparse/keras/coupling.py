@@ -27,7 +27,8 @@ is checked in inference mode instead, and the report says so.
 What it cannot see: coupling that appears only on inputs it is not shown
 (a layer that mixes only when some feature exceeds a threshold that no row
 of the first batches reaches), only at batch sizes outside ``B ± 4√B``, or
-only after some number of steps. Those need a loss that is per-example by
+only after some number of steps, or only in a traced graph (the check runs
+eagerly so that dropout can be replayed). Those need a loss that is per-example by
 construction; an explicit opt-out (``allow_coupled_loss="why"`` in
 :func:`~tfdp_sparse.keras.make_private`) labels the run not private.
 

@@ -40,6 +40,8 @@ class RunCharge:
     step: StepAccounting
     target_epsilon: Optional[float]
     expected_batch_size: int
+    #: steps proven within the target by σ's calibration (no budget search up to them), or ``None``
+    certified_steps: Optional[int] = None
 
     @property
     def delta(self) -> float:
@@ -154,6 +156,11 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
         step = self.charge.step
         if self.charge.target_epsilon is None or step.event is None or not self.ledger.is_private:
             return None
+        certified, planned = self.charge.certified_steps, self._planned_steps
+        if certified is not None and planned is not None and self.ledger.steps + planned <= certified:
+            # σ was calibrated so that the one-off events plus `certified` steps meet the target: the whole
+            # plan fits, proven without a search (a lower bound on the allowed steps, all this fit needs).
+            return self.ledger.steps + planned
         more = max_steps_within_budget(self.ledger, step.event, self.charge.target_epsilon, step.delta,
                                        step.accountant)
         return self.ledger.steps + more

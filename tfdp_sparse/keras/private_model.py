@@ -426,7 +426,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                            table_optimizer=table_optimizer, dense_optimizer=dense_optimizer, registry=registry)
     shape = RunShape(config.num_units, batch_size, config.total_steps, learning_rate)
     setup = prepare_private(model, settings, shape, options, mechanism)
-    charge = RunCharge(setup.accounting, setup.privacy.target_epsilon, batch_size)
+    charge = RunCharge(setup.accounting, setup.privacy.target_epsilon, batch_size, setup.resolved.certified_steps)
     return _model_class()(model, setup.optimizer, setup.ledger, charge, config, loss, _outside_guarantee(model))
 
 

@@ -131,6 +131,9 @@ class ResolvedPrivacy:
       total_delta: the run's δ.
       delta_warning: a warning when δ is large for the data set, else ``None``.
       q: the Poisson sampling rate ``B / N``.
+      certified_steps: when σ was calibrated here, the planned steps it was calibrated for: the
+        one-off events plus this many steps are proven within ``target_epsilon`` (the calibration
+        checked that very composition), so a budget needs no search up to them; else ``None``.
     """
 
     privacy: PrivacyConfig
@@ -139,6 +142,7 @@ class ResolvedPrivacy:
     total_delta: float
     delta_warning: Optional[str]
     q: float
+    certified_steps: Optional[int] = None
 
     @property
     def budgeted(self) -> bool:
@@ -213,13 +217,15 @@ def resolve_privacy(privacy: PrivacyConfig, shape: RunShape, model, options: Set
                          f"{not_private or caveat or 'non-private training'} (no epsilon is reported)")
     check_accountant(plan, privacy.accountant)
     calibrating = options.calibrate_noise and options.resume is None and built is None
+    certified = None
     if privacy.target_epsilon is not None and calibrating:
         setup = charged_before_steps(privacy, model, options.pre_training)
         privacy = calibrate(privacy, q, shape.steps, delta, setup)
         plan = mechanisms_lib.plan(privacy)
         log.info("calibrated noise_multiplier=%.4f for epsilon=%s at delta=%.3g over %d steps",
                  privacy.noise_multiplier, privacy.target_epsilon, delta, shape.steps)
-    return ResolvedPrivacy(privacy, plan, delta, total_delta, warning, q)
+        certified = int(shape.steps)
+    return ResolvedPrivacy(privacy, plan, delta, total_delta, warning, q, certified)
 
 
 def _optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: SetupOptions,

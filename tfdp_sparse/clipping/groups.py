@@ -50,6 +50,9 @@ class TableGroup:
     def clipped(self, scale: tf.Tensor) -> dict:
         return {self.key: embedding_norms.clipped_gradient(self.taps, self.grads, scale)}
 
+    def owner(self) -> str:
+        return self.taps[0].owner
+
 
 @dataclasses.dataclass
 class WeightGroup:
@@ -68,6 +71,9 @@ class WeightGroup:
     def clipped(self, scale: tf.Tensor) -> dict:
         clipped = self.module.clipped_gradients(self.taps, self.grads, scale)
         return {w.ref(): g for w, g in zip(self.taps[0].weights, clipped) if w is not None}
+
+    def owner(self) -> str:
+        return self.taps[0].owner
 
 
 @dataclasses.dataclass
@@ -94,6 +100,9 @@ class GenericGroup:
         grads = generic.clipped_gradients(self.per_example(), scale, self.variables)
         return {v.ref(): g for v, g in zip(self.variables, grads)}
 
+    def owner(self) -> str:
+        return self.taps[0].layer.name
+
 
 def clip_scales(groups: Sequence, batch_size: tf.Tensor, clip_norm: Optional[float],
             users: Optional[UserClipping]) -> tuple[tf.Tensor, Optional[tf.Tensor]]:
@@ -111,11 +120,46 @@ def clip_scales(groups: Sequence, batch_size: tf.Tensor, clip_norm: Optional[flo
         return tf.identity(scale), norms
 
 
+class SharedComputationError(ValueError):
+    """A layer was called on rows that are not the batch's examples (a catalogue computed through a tower)."""
+
+    __init__ = Exception.__init__
+
+
+def _shared_message(owner: str, counts: str) -> str:
+    return (f"layer {owner!r} was called on {counts}: a computation "
+            "shared by all examples of the batch (a catalogue of candidates computed through a tower, e.g. "
+            "item_tower(all_item_ids) inside a full-catalogue softmax) has no per-example gradient that the layer "
+            "rules can clip. Read the catalogue from a table instead (DPEmbedding.read_table(), the dual "
+            "encoder's label_table; tf.stop_gradient if it must not train), or give each example its own "
+            "candidates (sampled negatives as features).")
+
+
+def batch_major(norms: tf.Tensor, batch_size: tf.Tensor, owner: str) -> tf.Tensor:
+    """``norms`` (one per example of a layer's calls), refused by name when the layer saw other rows.
+
+    Statically when the layer's row count is known (a fixed number of rows against a batch of another,
+    or of a free, size: the layer did not see the batch's examples), else by an assertion that runs
+    with the step.
+    """
+    rows, batch = norms.shape[0], tf.get_static_value(batch_size)
+    if rows is not None and rows != batch:
+        held = f"{batch} examples" if batch is not None else "a varying number of examples (Poisson batches)"
+        raise SharedComputationError(_shared_message(owner, f"{rows} rows while the batch holds {held}"))
+    if rows is not None:
+        return norms
+    check = tf.debugging.assert_equal(tf.shape(norms)[0], tf.cast(batch_size, tf.int32),
+                                      message=_shared_message(owner, "other rows than the batch's examples (its "
+                                                                     "rows x, the examples y)"))
+    with tf.control_dependencies([check]):
+        return tf.identity(norms)
+
+
 def example_scale(groups: Sequence, batch_size: tf.Tensor, clip_norm: float) -> tuple[tf.Tensor, tf.Tensor]:
     """``(scale [B] float64, norms [B] float32)``: per-example factors ``min(1, C / ||g_i||)`` and norms."""
     squared = tf.zeros([batch_size], tf.float64)  # float64 sum: float64 models keep their precision
     for group in groups:
-        squared += tf.cast(group.squared_norms(), tf.float64)
+        squared += tf.cast(batch_major(group.squared_norms(), batch_size, group.owner()), tf.float64)
     exact_norms = tf.sqrt(squared)
     scale = tf.minimum(tf.constant(1.0, tf.float64), clip_norm / tf.maximum(exact_norms, 1e-12))
     return scale, tf.cast(exact_norms, tf.float32)

@@ -92,6 +92,7 @@ def test_target_epsilon_calibrates_sigma_for_every_mechanism():
         report = private.report()
         assert report["steps"] == 2 * round(N / B), algorithm
         assert 1.45 < report["epsilon"] <= 1.5, (algorithm, report["epsilon"])
+        assert report["noise_multiplier"] > 0, (algorithm, report)  # DP-AdaFEST's was null (issue 34 item 7)
 
 
 def test_budget_stops_fit_before_the_step_that_would_exceed_the_target(caplog):

@@ -56,6 +56,7 @@ def test_user_level_fit_reports_the_unit_and_epsilon_over_users():
     report = private.report()
     assert report["privacy_unit"] == "user" and report["max_examples_per_user"] == K
     assert report["user_clipping"] == "group_norm" and report["steps"] == 6
+    assert report["training_users"] == USERS  # issue 34 item 7
     delta = report["delta"]
     assert delta == pytest.approx(min(1 / (10 * USERS), USERS ** -1.1))  # the default delta of N_users
     accountant = dp_accounting.pld.PLDAccountant()

@@ -340,11 +340,13 @@ class PrivateModel(tf.keras.Model):
         ledger = self.ledger
         reasons = list(dict.fromkeys(ledger.void_reasons + ledger.not_private_reasons))
         plan = self.mechanism.plan
+        described = plan.describe()
         out = {
             "algorithm": plan.name,
             "epsilon": epsilon_of(ledger, self._charge),
             "delta": self._charge.delta,
-            "noise_multiplier": plan.describe().get("noise_multiplier"),
+            # DP-AdaFEST(+) name the gradient's σ sigma2 (its map's is sigma1)
+            "noise_multiplier": described.get("noise_multiplier", described.get("sigma2")),
             "l2_norm_clip": self.mechanism.l2_norm_clip,
             "steps": ledger.steps,
             "sampling": self._sampling,
@@ -357,6 +359,8 @@ class PrivateModel(tf.keras.Model):
             "outside_guarantee": [*self._outside, *self._released],
             "coupling_check": self._coupling.describe() if self._coupling else None,
         }
+        if self.config.privacy_unit.is_user_level:
+            out["training_users"] = self.config.num_users
         if reasons:
             out["not_private_reasons"] = reasons
         return out

@@ -74,3 +74,16 @@ def test_fit_trains_a_binary_model_with_rank_one_labels(loss):
     private.compile()
     history = private.fit(x, y, verbose=0)
     assert np.isfinite(history.history["epsilon"][-1]) and private.report()["private"]
+
+
+def test_a_sum_reduction_is_used_unreduced_and_said(caplog):
+    """Issue 34 item 7: ``reduction="sum"`` was used unreduced without a word."""
+    import logging  # noqa: PLC0415
+
+
+    y, logits = tf.constant([[1.0], [0.0]]), tf.constant([[0.3], [-1.2]])
+    with caplog.at_level(logging.WARNING, "tfdp_sparse.keras"):
+        summed = per_example_loss_fn(tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="sum"))
+    assert "reduction='sum'" in caplog.text and "unreduced" in caplog.text
+    plain = per_example_loss_fn(tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    np.testing.assert_allclose(summed(y, logits).numpy(), plain(y, logits).numpy())

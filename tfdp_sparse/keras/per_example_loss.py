@@ -23,9 +23,13 @@ Example::
 
 from __future__ import annotations
 
+import logging
+
 from typing import Any, Callable, Optional
 
 import tensorflow as tf
+
+log = logging.getLogger(__name__)
 
 PerExampleLoss = Callable[[Any, Any], tf.Tensor]
 
@@ -63,6 +67,11 @@ def _unreduced(loss) -> PerExampleLoss:
     if isinstance(loss, str):
         loss = tf.keras.losses.get(loss)
     if isinstance(loss, tf.keras.losses.Loss):
+        reduction = str(loss.reduction).lower()  # tf-keras and Keras 3: a str (Keras 3 may hold None)
+        if "sum" in reduction and "over_batch" not in reduction:
+            log.warning("loss %s has reduction=%r: a private step needs one loss per example, so it is used "
+                        "unreduced (each example's loss is clipped, and the update divides the noised sum by "
+                        "the expected batch size, like a mean)", type(loss).__name__, loss.reduction)
         return loss.call  # the loss without its reduction
     if not callable(loss):
         raise TypeError(f"loss must be a Keras loss, a loss name or a callable (y, pred) -> [B], got {loss!r}")

@@ -138,15 +138,13 @@ def _shared_message(owner: str, counts: str) -> str:
 def batch_major(norms: tf.Tensor, batch_size: tf.Tensor, owner: str) -> tf.Tensor:
     """``norms`` (one per example of a layer's calls), refused by name when the layer saw other rows.
 
-    Statically when the layer's row count is known (a fixed number of rows against a batch of another,
-    or of a free, size: the layer did not see the batch's examples), else by an assertion that runs
-    with the step.
+    Statically when both sizes are known, else by an assertion that runs with the step (a loss
+    reshaped to ``[-1]`` has no static batch size even when the layers' inputs have one).
     """
     rows, batch = norms.shape[0], tf.get_static_value(batch_size)
-    if rows is not None and rows != batch:
-        held = f"{batch} examples" if batch is not None else "a varying number of examples (Poisson batches)"
-        raise SharedComputationError(_shared_message(owner, f"{rows} rows while the batch holds {held}"))
-    if rows is not None:
+    if rows is not None and batch is not None:
+        if rows != batch:
+            raise SharedComputationError(_shared_message(owner, f"{rows} rows while the batch holds {batch} examples"))
         return norms
     check = tf.debugging.assert_equal(tf.shape(norms)[0], tf.cast(batch_size, tf.int32),
                                       message=_shared_message(owner, "other rows than the batch's examples (its "

@@ -78,8 +78,72 @@ def _unreduced(loss) -> PerExampleLoss:
     return loss
 
 
-def per_example_loss_fn(loss) -> Optional[PerExampleLoss]:
+def _check_weights(weights, keys: list) -> dict:
+    """``loss_weights`` as ``{key: float}`` (default 1.0), refused unless finite, ≥ 0 and for known outputs."""
+    if weights is None:
+        return {k: 1.0 for k in keys}
+    if isinstance(weights, (list, tuple)):
+        if len(weights) != len(keys):
+            raise ValueError(f"loss_weights has {len(weights)} entries for {len(keys)} losses")
+        weights = dict(zip(keys, weights))
+    if not isinstance(weights, dict):
+        raise TypeError(f"loss_weights must be a dict (or list) matching the losses, got {weights!r}")
+    unknown = sorted(set(weights) - set(keys), key=str)
+    if unknown:
+        raise ValueError(f"loss_weights names {unknown}, which have no loss (losses: {keys})")
+    out = {}
+    for k in keys:
+        w = weights.get(k, 1.0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (w >= 0 and w < float("inf")):
+            raise ValueError(f"loss_weights[{k!r}] must be a finite number >= 0, got {w!r}")
+        out[k] = float(w)
+    return out
+
+
+def _by_key(nest: Any, keys: list, what: str) -> dict:
+    if isinstance(nest, dict):
+        missing = [k for k in keys if k not in nest]
+        if missing:
+            raise ValueError(f"the {what} have no entry {missing} for the losses {keys} (they have {sorted(nest)})")
+        return {k: nest[k] for k in keys}
+    if isinstance(nest, (list, tuple)) and all(isinstance(k, int) for k in keys) and len(nest) == len(keys):
+        return {k: nest[k] for k in keys}
+    raise ValueError(f"a dict (or list) of losses needs {what} of the same structure (keys {keys}), got "
+                     f"{type(nest).__name__}")
+
+
+def multi_task_loss_fn(losses, loss_weights=None) -> PerExampleLoss:
+    """``(y, pred) -> [B]``: ``Σ_k w_k · loss_k(y[k], pred[k])`` per example, before clipping.
+
+    ``losses`` is a dict keyed like the model's dict outputs (or a list for list
+    outputs); each entry is a Keras loss, a name or a function. The sum is one
+    loss per example, so per-example clipping bounds every head together
+    (Abadi et al. 2016: clip the example's whole gradient). ``loss_weights``
+    are public constants.
+
+    >>> fn = multi_task_loss_fn({"click": "mse", "conv": "mse"}, {"conv": 0.5})
+    >>> fn({"click": tf.ones([2, 1]), "conv": tf.ones([2, 1])},
+    ...    {"click": tf.zeros([2, 1]), "conv": tf.zeros([2, 1])}).numpy().tolist()
+    [1.5, 1.5]
+    """
+    keys = list(losses) if isinstance(losses, dict) else list(range(len(losses)))
+    if not keys:
+        raise ValueError("a dict (or list) of losses needs at least one loss")
+    per_key = {k: per_example_loss_fn(losses[k]) for k in keys}
+    weights = _check_weights(loss_weights, keys)
+
+    def per_example(y, predictions) -> tf.Tensor:
+        ys, preds = _by_key(y, keys, "labels"), _by_key(predictions, keys, "predictions")
+        terms = [weights[k] * tf.cast(per_key[k](ys[k], preds[k]), tf.float32) for k in keys]
+        return tf.add_n(terms)
+
+    return per_example
+
+
+def per_example_loss_fn(loss, loss_weights=None) -> Optional[PerExampleLoss]:
     """``(y, pred) -> [B]`` from a Keras loss object, a loss name, or a function (``None`` stays ``None``).
+
+    A dict (or list) of them is a multi-task loss (:func:`multi_task_loss_fn`, with ``loss_weights``).
 
     A ``tf.keras.losses.Loss`` is used without its reduction (its ``call``);
     labels are aligned to the predictions first (:func:`align_labels`) and
@@ -87,6 +151,10 @@ def per_example_loss_fn(loss) -> Optional[PerExampleLoss]:
     still returns one number per batch is refused later, with its shape, by
     the step's shape check (:mod:`tfdp_sparse.keras.coupling`).
     """
+    if isinstance(loss, (dict, list, tuple)):
+        return multi_task_loss_fn(loss, loss_weights)
+    if loss_weights is not None:
+        raise ValueError("loss_weights weighs the entries of a dict (or list) of losses; the loss is a single one")
     if loss is None:
         return None
     unreduced = _unreduced(loss)

@@ -114,16 +114,20 @@ class PrivateModel(tf.keras.Model):
     def call(self, inputs, training=None):
         return self.model(inputs, training=training)
 
-    def compile(self, metrics=None, loss=None, **kwargs):
-        """Keras ``compile`` with the DP optimizer; ``loss=`` may replace make_private's per-example loss."""
+    def compile(self, metrics=None, loss=None, loss_weights=None, **kwargs):
+        """Keras ``compile`` with the DP optimizer; ``loss=`` (and ``loss_weights=``) may replace make_private's."""
         if "optimizer" in kwargs:
             raise ValueError("the optimizer of a private model is its DPOptimizer (set by make_private); "
                              f"compile got optimizer={kwargs['optimizer']!r}")
         if kwargs.get("run_eagerly"):
             raise ValueError("run_eagerly=True is not supported: the private step is traced, which is where "
                              "its per-layer and regularizer checks run")
+        if loss_weights is not None and loss is None:
+            raise ValueError("compile(loss_weights=...) needs the dict of losses they weigh: compile(loss={...}, "
+                             "loss_weights={...})")
         if loss is not None:
-            self._per_example = per_example_loss_fn(loss)  # a new loss: a new key, checked again before the next step
+            # a new loss: a new key, checked for coupling again before the next step
+            self._per_example = per_example_loss_fn(loss, loss_weights)
         super().compile(optimizer=self.dp_optimizer, metrics=metrics, **kwargs)
 
     @property
@@ -379,7 +383,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                  dense_optimizer=None, registry: Optional[LayerRegistry] = None, accountant: str = "pld",
                  pre_training: Sequence[PreTrainingRelease] = (), selection_counts: Optional[SelectionCounts] = None,
                  privacy_unit: PrivacyUnitConfig = PrivacyUnitConfig(), num_users: Optional[int] = None,
-                 training_metrics: str = "none") -> PrivateModel:
+                 training_metrics: str = "none", loss_weights=None) -> PrivateModel:
     """Wraps a built ``model`` for private training (see module doc); returns the :class:`PrivateModel`.
 
     The setup (δ, σ, mechanism, optimizer, ledger) is :func:`~tfdp_sparse.keras.private_setup.prepare_private`,
@@ -392,7 +396,9 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
       num_examples, batch_size, epochs / steps, learning_rate, delta, target_epsilon,
         allow_coupled_loss, noise_seed, training_metrics: :class:`PrivateFitConfig` (by default ``fit``
         reports no loss or metric of the private batches; ``training_metrics="raw"`` shows them, labelled).
-      loss: the per-example loss ``(y, pred)``; a Keras loss object is used unreduced.
+      loss: the per-example loss ``(y, pred)``; a Keras loss object is used unreduced. A dict (or
+        list) of them, with ``loss_weights``, is a multi-task loss for a model with dict (or list)
+        outputs: ``Σ_k w_k · loss_k`` per example, clipped as one (:func:`multi_task_loss_fn`).
       table_optimizer / dense_optimizer: post-processing optimizers (see :class:`DPOptimizer`).
       registry: clipping rules (default: the toolkit's).
       accountant: ``"pld"`` or ``"rdp"`` (a given ``PrivacyConfig`` brings its own).
@@ -431,7 +437,8 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
     shape = RunShape(config.num_units, batch_size, config.total_steps, learning_rate)
     setup = prepare_private(model, settings, shape, options, mechanism)
     charge = RunCharge(setup.accounting, setup.privacy.target_epsilon, batch_size, setup.resolved.certified_steps)
-    return _model_class()(model, setup.optimizer, setup.ledger, charge, config, loss, _outside_guarantee(model))
+    return _model_class()(model, setup.optimizer, setup.ledger, charge, config,
+                          per_example_loss_fn(loss, loss_weights), _outside_guarantee(model))
 
 
 def _model_class() -> type:

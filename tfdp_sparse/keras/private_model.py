@@ -63,6 +63,7 @@ from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.keras_stack import is_keras_3, sublayers, tf_variables
 from tfdp_sparse.noise_source import NoiseSource
+from tfdp_sparse.planner import TrainingPlan, plan_training
 
 log = logging.getLogger("tfdp_sparse.keras")
 
@@ -95,6 +96,7 @@ class PrivateModel(tf.keras.Model):
         self._per_example = per_example_loss_fn(loss)
         self._tfrs = _is_tfrs_model(model)
         self._outside = outside_guarantee
+        self.training_plan: Optional[TrainingPlan] = None  # set by make_private when its planner chose B and T
         # exact statistics this run has shown (raw training metrics, validation metrics): named in report()
         self._released: list[str] = [RAW_METRICS_RELEASE] if config.training_metrics == "raw" else []
         self._loss_tracker = tf.keras.metrics.Mean(name="loss")
@@ -365,6 +367,8 @@ class PrivateModel(tf.keras.Model):
         }
         if self.config.privacy_unit.is_user_level:
             out["training_users"] = self.config.num_users
+        if self.training_plan is not None:
+            out["planner"] = self.training_plan.describe()
         if reasons:
             out["not_private_reasons"] = reasons
         return out
@@ -377,7 +381,7 @@ def _outside_guarantee(model) -> tuple:
 
 
 def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism], *, num_examples: int,
-                 batch_size: int, epochs: Optional[int] = None, steps: Optional[int] = None, learning_rate=0.1,
+                 batch_size: Optional[int] = None, epochs: Optional[int] = None, steps: Optional[int] = None, learning_rate=0.1,
                  loss=None, delta: Optional[float] = None, target_epsilon: Optional[float] = None,
                  allow_coupled_loss: Optional[str] = None, noise_seed: Optional[int] = None, table_optimizer=None,
                  dense_optimizer=None, registry: Optional[LayerRegistry] = None, accountant: str = "pld",
@@ -411,6 +415,10 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
       privacy_unit, num_users: the unit the guarantee protects; at the user level
         (``PrivacyUnitConfig.user(k)``) ``batch_size`` is the expected number of users per step,
         ``fit`` samples users and takes ``user_ids``, and each user's summed gradient is clipped to C.
+
+    Without ``batch_size`` (and with a target ε), the planner (:mod:`tfdp_sparse.planner`) chooses the
+    batch size and the steps from public quantities only (N, the target, δ, and ``epochs`` as the
+    compute budget, 10 by default); its table is logged and ``report()["planner"]`` holds its choice.
     """
     if isinstance(privacy, PrivacyConfig):
         for name, given, configured in (("delta", delta, privacy.delta),
@@ -418,6 +426,10 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
             if given is not None and configured is not None and given != configured:
                 raise ValueError(f"{name}={given} contradicts PrivacyConfig({name}={configured}): give it once")
         delta = delta if delta is not None else privacy.delta
+    plan = None
+    if batch_size is None:
+        plan = _plan(privacy, target_epsilon, delta, epochs, steps, privacy_unit, num_examples, num_users)
+        batch_size, steps, epochs = plan.chosen.batch_size, plan.chosen.steps, None
     config = PrivateFitConfig(num_examples=num_examples, batch_size=batch_size, learning_rate=learning_rate,
                               epochs=epochs, steps=steps, delta=delta, target_epsilon=target_epsilon,
                               allow_coupled_loss=allow_coupled_loss, noise_seed=noise_seed,
@@ -437,8 +449,26 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
     shape = RunShape(config.num_units, batch_size, config.total_steps, learning_rate)
     setup = prepare_private(model, settings, shape, options, mechanism)
     charge = RunCharge(setup.accounting, setup.privacy.target_epsilon, batch_size, setup.resolved.certified_steps)
-    return _model_class()(model, setup.optimizer, setup.ledger, charge, config,
-                          per_example_loss_fn(loss, loss_weights), _outside_guarantee(model))
+    private = _model_class()(model, setup.optimizer, setup.ledger, charge, config,
+                             per_example_loss_fn(loss, loss_weights), _outside_guarantee(model))
+    private.training_plan = plan
+    return private
+
+
+def _plan(privacy, target_epsilon: Optional[float], delta: Optional[float], epochs: Optional[int],
+          steps: Optional[int], unit: PrivacyUnitConfig, num_examples: int, num_users: Optional[int]) -> TrainingPlan:
+    """The planner's choice when ``make_private`` got no ``batch_size`` (public inputs only; logged)."""
+    target = target_epsilon if target_epsilon is not None else (
+        privacy.target_epsilon if isinstance(privacy, PrivacyConfig) else None)
+    if target is None or steps is not None:
+        raise ValueError("make_private needs batch_size, or a target epsilon (and at most epochs) for the planner "
+                         "to choose the batch size and the steps")
+    units = num_users if unit.is_user_level else num_examples
+    if units is None:
+        raise ValueError("the planner at the user level needs num_users")
+    plan = plan_training(int(units), float(target), delta, compute_examples=int(units) * (epochs or 10))
+    log.info("planner (no batch_size given):\n%s", plan.table())
+    return plan
 
 
 def _model_class() -> type:

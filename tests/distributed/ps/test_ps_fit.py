@@ -41,17 +41,23 @@ def test_model_fit_under_the_strategy_is_refused_naming_make_private(ps):
     np.testing.assert_array_equal(table_of(model), before)
 
 
-def test_lazydp_flush_before_eval_and_export(ps):
-    """Three LazyDP steps on the two workers (the trainer runs them one at a time), then a dense read."""
+def _cluster_trainer(ps, algorithm: str, sigma: float, features, labels):
+    """``(model, mechanism, optimizer, ClusterTrainer)`` on the cluster for ``algorithm`` at ``sigma``."""
     strategy, coordinator = ps
-    features, labels = batch(VOCAB, 2000, seed=8)
     with strategy.scope(), fixed_shape_variables(64):
         model = build_model(VOCAB, DIM)
-        mechanism = build(PrivacyConfig(algorithm="lazydp", noise_multiplier=1.0, l2_norm_clip=1.0))
+        mechanism = build(PrivacyConfig(algorithm=algorithm, noise_multiplier=sigma, l2_norm_clip=1.0))
         optimizer = ShardedDPOptimizer(mechanism, learning_rate=0.1, expected_batch_size=BATCH)
     trainer = ClusterTrainer(strategy, coordinator, model, LOSS, optimizer, IndexedExamples(features, labels),
                              BATCH / len(labels))
     mechanism.bind_model(model)
+    return model, mechanism, optimizer, trainer
+
+
+def test_lazydp_flush_before_eval_and_export(ps):
+    """Three LazyDP steps on the two workers (the trainer runs them one at a time), then a dense read."""
+    features, labels = batch(VOCAB, 2000, seed=8)
+    model, mechanism, optimizer, trainer = _cluster_trainer(ps, "lazydp", 1.0, features, labels)
     assert trainer.sequential
     trainer.schedule(3)
     trainer.join()
@@ -70,20 +76,12 @@ def test_lazydp_flush_before_eval_and_export(ps):
     np.testing.assert_array_equal(np.concatenate(weights[:2], axis=0), full)
 
 
-
 def test_nan_examples_are_dropped_on_the_cluster(ps):
     """Issue 31 item 4 on parameter servers: a NaN label reached the clipped sum there."""
-    strategy, coordinator = ps
     features, labels = batch(VOCAB, 400, seed=9)
     labels = labels.astype(np.float32)
     labels[::4] = np.nan  # a quarter of the examples: every Poisson batch holds some
-    with strategy.scope(), fixed_shape_variables(64):
-        model = build_model(VOCAB, DIM)
-        mechanism = build(PrivacyConfig(algorithm="dpsgd", noise_multiplier=0.5, l2_norm_clip=1.0))
-        optimizer = ShardedDPOptimizer(mechanism, learning_rate=0.1, expected_batch_size=BATCH)
-    trainer = ClusterTrainer(strategy, coordinator, model, LOSS, optimizer, IndexedExamples(features, labels),
-                             BATCH / len(labels))
-    mechanism.bind_model(model)
+    model, _, _, trainer = _cluster_trainer(ps, "dpsgd", 0.5, features, labels)
     before = table_of(model)
     trainer.schedule(3)
     trainer.join()

@@ -8,9 +8,14 @@ The rule (written down so that it can be checked):
 
 1. Candidates: batch sizes ``B = 2^k`` from 16 up to ``N / 4`` (a sampling
    rate of at most 1/4), with ``T = compute / B`` steps, kept when
-   ``T >= min_steps`` (too few steps and SGD cannot converge, whatever the
-   noise); the six largest are examined (in every setting tried, the score
-   falls as B grows, so smaller batches never won).
+   ``T >= min_steps`` (500 by default: too few steps and SGD cannot
+   converge, whatever the noise); the six largest are examined (in every
+   setting tried, the score falls as B grows, so smaller batches never won).
+   Measured (pCTR model, DP-SGD, ε = 1, N = 20,000, 10 epochs): B = 1024
+   with 195 steps reached AUC 0.592 (0.632 with the learning rate × 4),
+   B = 256 with 780 steps 0.656. Embedding rows learn only at the steps
+   that read them, so few steps cost more than the noise they save; hence
+   the floor of 500 steps.
 2. For each candidate, σ is the smallest noise multiplier meeting the target
    over ``T`` steps at ``q = B / N`` (the RDP accountant: fast and an upper
    bound, so the run's PLD calibration only lowers it).
@@ -29,7 +34,7 @@ Example::
 
     >>> plan = plan_training(60_000, target_epsilon=2.0, compute_examples=600_000)
     >>> plan.chosen.batch_size, plan.chosen.steps            # doctest: +SKIP
-    (2048, 292)
+    (1024, 585)
     >>> print(plan.table())                                  # doctest: +SKIP
     batch_size  steps  epochs  sampling_rate  noise_multiplier  score ...
 
@@ -114,7 +119,7 @@ def _check(num_units: int, target_epsilon: float, compute_examples: int, min_ste
 
 
 def plan_training(num_units: int, target_epsilon: float, delta: Optional[float] = None, *,
-                  compute_examples: Optional[int] = None, min_steps: int = 100) -> TrainingPlan:
+                  compute_examples: Optional[int] = None, min_steps: int = 500) -> TrainingPlan:
     """The plan for ``num_units`` units at (``target_epsilon``, ``delta``) within ``compute_examples``.
 
     ``delta`` defaults to :func:`tfdp_sparse.accounting.default_delta` of N;
@@ -147,7 +152,7 @@ def main(argv: Optional[list] = None) -> None:
     parser.add_argument("--target_epsilon", type=float, required=True)
     parser.add_argument("--delta", type=float, default=None, help="default: min(1/(10 N), N^-1.1)")
     parser.add_argument("--compute_examples", type=int, default=None, help="B*T in all (default: 10 epochs)")
-    parser.add_argument("--min_steps", type=int, default=100)
+    parser.add_argument("--min_steps", type=int, default=500)
     args = parser.parse_args(argv)
     plan = plan_training(args.num_units, args.target_epsilon, args.delta, compute_examples=args.compute_examples,
                          min_steps=args.min_steps)

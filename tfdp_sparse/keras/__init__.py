@@ -13,7 +13,8 @@ require_keras()  # before the modules below touch tf.keras: no Keras at all fail
 
 from tfdp_sparse.keras.coupling import CoupledLossError
 from tfdp_sparse.keras.optimizer import DPOptimizer, UnprivatizedUpdateError
-from tfdp_sparse.keras.private_model import PrivateModel, make_private
+from tfdp_sparse.keras.private_model import PrivateModel
+from tfdp_sparse.keras.wrapping import make_private
 from tfdp_sparse.keras.private_update import UnrecordedLossError
 from tfdp_sparse.keras.regularization import DataDependentLossError
 from tfdp_sparse.keras.step import PrivateStep

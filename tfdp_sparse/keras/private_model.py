@@ -1,4 +1,4 @@
-"""``make_private``: the one call that makes a Keras model train privately, with ε in ``fit``.
+"""The private model that :func:`~tfdp_sparse.keras.wrapping.make_private` returns: ε in ``fit``.
 
 It owns the private step, so nothing can skip clipping or noise silently
 (anchors: Opacus ``make_private``, jax_privacy's Keras ``make_private``):
@@ -31,19 +31,16 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import sys
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
-from tfdp_sparse.clipping.registry import LayerRegistry
-from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data.sampling import PoissonSampler, sampled_batch_dataset
 from tfdp_sparse.keras.coupling import CouplingCheck, check_no_coupling, owner_of
 from tfdp_sparse.keras.fit_inputs import (  # noqa: F401  (IndexedSource: the documented source type)
@@ -51,19 +48,16 @@ from tfdp_sparse.keras.fit_inputs import (  # noqa: F401  (IndexedSource: the do
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.per_example_loss import per_example_loss_fn
 from tfdp_sparse.keras.private_config import RAW_METRICS_RELEASE, VALIDATION_RELEASE, PrivateFitConfig
-from tfdp_sparse.keras.private_setup import RunShape, SelectionCounts, SetupOptions, prepare_private
-from tfdp_sparse.accounting.releases import PreTrainingRelease
 from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, RunCharge, epsilon_of, sync_ledger
 from tfdp_sparse.keras.read_guard import INSPECTS_REASON, FlushBeforeUserCallbacks, inspects_pending_noise
 from tfdp_sparse.keras.step import private_train_step
 from tfdp_sparse.keras.user_batches import UserGather, check_user_ids
 from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.data.user_sampling import UserPoissonSampler
-from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.mechanisms.base import Mechanism
-from tfdp_sparse.keras_stack import is_keras_3, sublayers, tf_variables
+from tfdp_sparse.keras_stack import tf_variables
 from tfdp_sparse.noise_source import NoiseSource
-from tfdp_sparse.planner import TrainingPlan, plan_training
+from tfdp_sparse.planner import TrainingPlan
 
 log = logging.getLogger("tfdp_sparse.keras")
 
@@ -372,128 +366,3 @@ class PrivateModel(tf.keras.Model):
         if reasons:
             out["not_private_reasons"] = reasons
         return out
-
-
-def _outside_guarantee(model) -> tuple:
-    from tfdp_sparse.clipping.coverage import data_dependent_state
-
-    return tuple(data_dependent_state(model))
-
-
-def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism], *, num_examples: int,
-                 batch_size: Optional[int] = None, epochs: Optional[int] = None, steps: Optional[int] = None, learning_rate=0.1,
-                 loss=None, delta: Optional[float] = None, target_epsilon: Optional[float] = None,
-                 allow_coupled_loss: Optional[str] = None, noise_seed: Optional[int] = None, table_optimizer=None,
-                 dense_optimizer=None, registry: Optional[LayerRegistry] = None, accountant: str = "pld",
-                 pre_training: Sequence[PreTrainingRelease] = (), selection_counts: Optional[SelectionCounts] = None,
-                 privacy_unit: PrivacyUnitConfig = PrivacyUnitConfig(), num_users: Optional[int] = None,
-                 training_metrics: str = "none", loss_weights=None) -> PrivateModel:
-    """Wraps a built ``model`` for private training (see module doc); returns the :class:`PrivateModel`.
-
-    The setup (δ, σ, mechanism, optimizer, ledger) is :func:`~tfdp_sparse.keras.private_setup.prepare_private`,
-    the one the trainers use.
-
-    Args:
-      model: a built Keras model (call it on a batch first), or a ``tfrs.Model``.
-      privacy: a :class:`~tfdp_sparse.config.PrivacyConfig` (σ calibrated when it or ``target_epsilon``
-        sets a target) or a mechanism, e.g. ``LazyDP(noise_multiplier=1.0, l2_norm_clip=1.0)``.
-      num_examples, batch_size, epochs / steps, learning_rate, delta, target_epsilon,
-        allow_coupled_loss, noise_seed, training_metrics: :class:`PrivateFitConfig` (by default ``fit``
-        reports no loss or metric of the private batches; ``training_metrics="raw"`` shows them, labelled).
-      loss: the per-example loss ``(y, pred)``; a Keras loss object is used unreduced. A dict (or
-        list) of them, with ``loss_weights``, is a multi-task loss for a model with dict (or list)
-        outputs: ``Σ_k w_k · loss_k`` per example, clipped as one (:func:`multi_task_loss_fn`).
-      table_optimizer / dense_optimizer: post-processing optimizers (see :class:`DPOptimizer`).
-      registry: clipping rules (default: the toolkit's).
-      accountant: ``"pld"`` or ``"rdp"`` (a given ``PrivacyConfig`` brings its own).
-      pre_training: data-dependent releases made before training (a DP vocabulary): charged first,
-        included in σ calibration, their ``extra_delta`` paid from δ.
-      selection_counts: ``() -> counts per table`` of the training data, for a private selection
-        (DP-FEST / DP-AdaFEST+ with ``selection_epsilon``); at the user level counts of distinct users
-        per row, wrapped: ``UserSelectionCounts(lambda: user_counts(ids, user_ids, vocab_sizes))``
-        (:mod:`tfdp_sparse.selection.counts`; anything else is refused).
-      privacy_unit, num_users: the unit the guarantee protects; at the user level
-        (``PrivacyUnitConfig.user(k)``) ``batch_size`` is the expected number of users per step,
-        ``fit`` samples users and takes ``user_ids``, and each user's summed gradient is clipped to C.
-
-    Without ``batch_size`` (and with a target ε), the planner (:mod:`tfdp_sparse.planner`) chooses the
-    batch size and the steps from public quantities only (N, the target, δ, and ``epochs`` as the
-    compute budget, 10 by default); its table is logged and ``report()["planner"]`` holds its choice.
-    """
-    if isinstance(privacy, PrivacyConfig):
-        for name, given, configured in (("delta", delta, privacy.delta),
-                                        ("target_epsilon", target_epsilon, privacy.target_epsilon)):
-            if given is not None and configured is not None and given != configured:
-                raise ValueError(f"{name}={given} contradicts PrivacyConfig({name}={configured}): give it once")
-        delta = delta if delta is not None else privacy.delta
-    plan = None
-    if batch_size is None:
-        plan = _plan(privacy, target_epsilon, delta, epochs, steps, privacy_unit, num_examples, num_users)
-        batch_size, steps, epochs = plan.chosen.batch_size, plan.chosen.steps, None
-    config = PrivateFitConfig(num_examples=num_examples, batch_size=batch_size, learning_rate=learning_rate,
-                              epochs=epochs, steps=steps, delta=delta, target_epsilon=target_epsilon,
-                              allow_coupled_loss=allow_coupled_loss, noise_seed=noise_seed,
-                              privacy_unit=privacy_unit, num_users=num_users, training_metrics=training_metrics)
-    if not isinstance(model, tf.keras.Model):
-        raise TypeError(f"make_private needs a tf.keras Model, got {type(model).__name__}")
-    built_layers = [m for m in sublayers(model) if m.built]
-    if not model.built and not built_layers:  # a subclassed model built by compute_loss has built layers only
-        raise ValueError("build the model before make_private (call it on a batch of inputs): its layers get their "
-                         "clipping rules then")
-    settings, mechanism = _settings(privacy, config, accountant)
-    options = SetupOptions(noise_seed=noise_seed, pre_training=tuple(pre_training), selection_counts=selection_counts,
-                           unit=privacy_unit,
-                           not_private_reason=None if allow_coupled_loss is None
-                           else f"coupled loss allowed: {allow_coupled_loss}",
-                           table_optimizer=table_optimizer, dense_optimizer=dense_optimizer, registry=registry)
-    shape = RunShape(config.num_units, batch_size, config.total_steps, learning_rate)
-    setup = prepare_private(model, settings, shape, options, mechanism)
-    charge = RunCharge(setup.accounting, setup.privacy.target_epsilon, batch_size, setup.resolved.certified_steps)
-    private = _model_class()(model, setup.optimizer, setup.ledger, charge, config,
-                             per_example_loss_fn(loss, loss_weights), _outside_guarantee(model))
-    private.training_plan = plan
-    return private
-
-
-def _plan(privacy, target_epsilon: Optional[float], delta: Optional[float], epochs: Optional[int],
-          steps: Optional[int], unit: PrivacyUnitConfig, num_examples: int, num_users: Optional[int]) -> TrainingPlan:
-    """The planner's choice when ``make_private`` got no ``batch_size`` (public inputs only; logged)."""
-    target = target_epsilon if target_epsilon is not None else (
-        privacy.target_epsilon if isinstance(privacy, PrivacyConfig) else None)
-    if target is None or steps is not None:
-        raise ValueError("make_private needs batch_size, or a target epsilon (and at most epochs) for the planner "
-                         "to choose the batch size and the steps")
-    units = num_users if unit.is_user_level else num_examples
-    if units is None:
-        raise ValueError("the planner at the user level needs num_users")
-    plan = plan_training(int(units), float(target), delta, compute_examples=int(units) * (epochs or 10))
-    log.info("planner (no batch_size given):\n%s", plan.table())
-    return plan
-
-
-def _model_class() -> type:
-    """:class:`PrivateModel` on tf-keras; on Keras 3 its hooks (:mod:`~tfdp_sparse.keras.private_model_keras3`)."""
-    if not is_keras_3():
-        return PrivateModel
-    from tfdp_sparse.keras.private_model_keras3 import Keras3PrivateModel  # it subclasses PrivateModel
-
-    return Keras3PrivateModel
-
-
-def _settings(privacy: Union[PrivacyConfig, Mechanism], config: PrivateFitConfig,
-              accountant: str) -> tuple[PrivacyConfig, Optional[Mechanism]]:
-    """``(settings, built mechanism or None)``: the target ε and δ of ``config`` folded into the settings."""
-    if isinstance(privacy, Mechanism):
-        plan = privacy.plan
-        sigma = plan.describe().get("noise_multiplier")
-        settings = PrivacyConfig(algorithm=plan.name, noise_multiplier=1.0 if sigma is None else sigma,
-                                 l2_norm_clip=privacy.l2_norm_clip, accountant=accountant)
-        return dataclasses.replace(settings, delta=config.delta, target_epsilon=config.target_epsilon), privacy
-    if not isinstance(privacy, PrivacyConfig):
-        raise TypeError(f"privacy must be a PrivacyConfig or a tfdp_sparse Mechanism, got {type(privacy).__name__}")
-    privacy.validate()
-    if privacy.sampling != "poisson":
-        raise ValueError("make_private feeds Poisson batches: PrivacyConfig(sampling='shuffle') is not supported "
-                         "(pass a batched tf.data.Dataset to fit for the labelled approximation)")
-    target = privacy.target_epsilon if privacy.target_epsilon is not None else config.target_epsilon
-    return dataclasses.replace(privacy, delta=config.delta, target_epsilon=target), None

@@ -21,7 +21,7 @@ BUILTIN: tuple = (
     ("sgd", f"{_PLANS}.nonprivate", f"{_RULES}.nonprivate:NonPrivate"),
     ("dpsgd", f"{_PLANS}.dpsgd", f"{_RULES}.dpsgd:DPSGD"),
     ("eana", f"{_PLANS}.eana", f"{_RULES}.eana:EANA"),
-    ("dpfest", f"{_PLANS}.dpfest", f"{_RULES}.dpfest:rule_for"),
+    ("dpfest", f"{_PLANS}.dpfest", f"{_RULES}.dpfest_lazy:rule_for"),
     ("adafest", f"{_PLANS}.adafest", f"{_RULES}.adafest:AdaFEST"),
     ("adafest_plus", f"{_PLANS}.adafest_plus", f"{_RULES}.adafest_plus:AdaFESTPlus"),
     ("lazydp", f"{_PLANS}.lazydp", f"{_RULES}.lazydp:LazyDP"),

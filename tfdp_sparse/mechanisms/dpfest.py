@@ -69,7 +69,7 @@ Example::
     config = PrivacyConfig(algorithm="dpfest", noise_multiplier=1.0,
                            accountant="rdp",
                            extra=(("k", 1000), ("selection_epsilon", 0.01)))
-    mech = from_config(config, seed=0)
+    mech = mechanisms.build(config, seed=0)
     mech.bind_model(model)
     mech.select(train_counts_per_feature)      # private Gumbel top-k
     ledger.record(mech.setup_event())          # rho-zCDP, RDP accountant
@@ -218,21 +218,3 @@ class DPFEST(DPFESTRule, Mechanism):
             out.append(tf.IndexedSlices(values, ids, tf.constant(var.shape.as_list(), tf.int64)))
             count += k * width
         return NoisedGradients(out, count)
-
-
-def rule_for(plan: DPFESTPlan, noise: Noise = None) -> DPFESTRule:
-    """DP-FEST's registered rule: :class:`DPFEST` for eager kept noise, ``LazyDPFEST`` for lazy.
-
-    The lazy rule is imported only when asked (LazyDP's hooks need tf-keras layers).
-    Example: ``rule_for(DPFESTPlan(..., kept_noise=KeptNoise.LAZY), 0)`` -> a ``LazyDPFEST``.
-    """
-    if plan.kept_noise is KeptNoise.LAZY:
-        from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST
-
-        return LazyDPFEST(plan, noise)
-    return DPFEST(plan, noise)
-
-
-def from_config(config, seed: Optional[int] = None) -> DPFESTRule:
-    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.dpfest`)."""
-    return rule_for(plan_from_config(config), seed)

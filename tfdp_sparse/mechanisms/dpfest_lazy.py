@@ -47,12 +47,12 @@ import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded
 from tfdp_sparse.mechanisms.adafest_plus import to_domain_positions
-from tfdp_sparse.mechanisms.base import StepGrads, sum_duplicates
-from tfdp_sparse.mechanisms.dpfest import DPFESTRule
+from tfdp_sparse.mechanisms.base import Noise, StepGrads, sum_duplicates
+from tfdp_sparse.mechanisms.dpfest import DPFEST, DPFESTRule
 from tfdp_sparse.mechanisms.lazydp import LazyDP
 from tfdp_sparse.mechanisms.lazydp_catchup import _no_autograph
 from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, history_rows
-from tfdp_sparse.mechanisms.plans.dpfest import KeptNoise
+from tfdp_sparse.mechanisms.plans.dpfest import DPFESTPlan, KeptNoise
 from tfdp_sparse.mechanisms.tables import variable_device, variable_key
 
 
@@ -153,3 +153,15 @@ class LazyDPFEST(DPFESTRule, LazyDP):
         LazyDP.reset_state(self)
         for flag in self._kept_marked:
             flag.assign(False)
+
+
+def rule_for(plan: DPFESTPlan, noise: Noise = None) -> DPFESTRule:
+    """DP-FEST's registered rule: :class:`~tfdp_sparse.mechanisms.dpfest.DPFEST` for eager kept noise,
+    :class:`LazyDPFEST` for lazy.
+
+    It lives here, beside both rules, so that ``dpfest`` need not import this module back.
+    Example: ``rule_for(DPFESTPlan(..., kept_noise=KeptNoise.LAZY), 0)`` -> a ``LazyDPFEST``.
+    """
+    if plan.kept_noise is KeptNoise.LAZY:
+        return LazyDPFEST(plan, noise)
+    return DPFEST(plan, noise)

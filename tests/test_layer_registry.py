@@ -14,9 +14,9 @@ from tfdp_sparse.clipping.registry import (
     attach_taps,
     default_registry,
     detach_taps,
-    model_layers,
     unattached_layers,
 )
+from tfdp_sparse.keras_stack import model_layers
 from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap, LayerTap, tap_read
 from tests.stack_optimizer import dp_optimizer
 from tfdp_sparse.keras import PrivateStep

@@ -120,3 +120,22 @@ def _held_layers(layer: Any) -> list:
         elif isinstance(value, dict):
             pending.extend(value.values())
     return found
+
+
+def _is_op_layer(layer: tf.keras.layers.Layer) -> bool:
+    """Keras' own wrappers of inputs and TF ops in functional models: never hold variables.
+
+    They replace their ``call`` themselves (``TFOpLambda``), so they are left alone.
+    """
+    return isinstance(layer, tf.keras.layers.InputLayer) or type(layer).__module__.endswith(".tf_op_layer")
+
+
+def model_layers(model: tf.keras.layers.Layer) -> list[tf.keras.layers.Layer]:
+    """``model`` and every Keras layer under it (each once), but Keras' op layers."""
+    found = [model]
+    seen = {id(model)}
+    for module in sublayers(model):
+        if id(module) not in seen and not _is_op_layer(module):
+            seen.add(id(module))
+            found.append(module)
+    return found

@@ -46,7 +46,7 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping.taps import EmbeddingTap, GenericTap, LayerTap, Tap
 from tfdp_sparse.distribute.shards import is_sharded
-from tfdp_sparse.keras_stack import sublayers, tf_variables
+from tfdp_sparse.keras_stack import model_layers, sublayers, tf_variables
 from tfdp_sparse.tables import table_parts
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
@@ -254,7 +254,5 @@ def data_dependent_state(model: tf.keras.layers.Layer) -> list[str]:
         data_dependent_state(model)
         # ["adapted Normalization 'norm' (mean/variance of the data)"]
     """
-    from tfdp_sparse.clipping.registry import model_layers  # registry -> generic -> taps; no cycle at import
-
     return [_describe(layer) for layer in model_layers(model)
             if isinstance(layer, PREPROCESSING_LAYERS) and layer.is_adapted]

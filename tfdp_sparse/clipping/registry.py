@@ -43,7 +43,7 @@ from tensorflow.python.autograph.impl.api import autograph_artifact  # no public
 
 from tfdp_sparse.clipping import conv1d, einsum_dense, generic, keras_layers, layer_norm, time_distributed
 from tfdp_sparse.clipping.taps import LayerTap, TapRecorder
-from tfdp_sparse.keras_stack import is_keras_3, sublayers
+from tfdp_sparse.keras_stack import is_keras_3, model_layers
 
 #: ``rule(layer, recorder, call, *args, **kwargs) -> outputs``.
 LayerRule = Callable[..., object]
@@ -154,25 +154,6 @@ def _keras_rs_rules() -> dict:
     from tfdp_sparse.clipping.keras_rs_embedding import keras_rs_rules  # imports keras_rs (Keras 3 only)
 
     return keras_rs_rules()
-
-
-def _is_op_layer(layer: tf.keras.layers.Layer) -> bool:
-    """Keras' own wrappers of inputs and TF ops in functional models: never hold variables.
-
-    They replace their ``call`` themselves (``TFOpLambda``), so they are left alone.
-    """
-    return isinstance(layer, tf.keras.layers.InputLayer) or type(layer).__module__.endswith(".tf_op_layer")
-
-
-def model_layers(model: tf.keras.layers.Layer) -> list[tf.keras.layers.Layer]:
-    """``model`` and every Keras layer under it (each once), but Keras' op layers."""
-    found = [model]
-    seen = {id(model)}
-    for module in sublayers(model):
-        if id(module) not in seen and not _is_op_layer(module):
-            seen.add(id(module))
-            found.append(module)
-    return found
 
 
 def _own_call(layer: tf.keras.layers.Layer) -> Callable:

@@ -31,7 +31,8 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.distribute.shards import is_sharded, logical_variables, sharded_tables, split_gradient
+from tfdp_sparse.distribute.shards import is_sharded, logical_variables, split_gradient
+from tfdp_sparse.layers.embedding import DPEmbedding
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.mechanisms.base import Gradient, NoisedGradients, StepGrads, sum_duplicates
 from tfdp_sparse.mechanisms.dpsgd import DPSGD, noise_dense
@@ -174,3 +175,20 @@ class ShardedDPOptimizer(DPOptimizer):
             with tf.device(shard.device):
                 ops.append(shard.assign_sub(factor * self.mechanism.shard_noise(shard, seeds[:, k])))
         return ops
+
+
+def sharded_tables(model: tf.Module) -> list:
+    """Every ``ShardedVariable`` a model's layers hold as ``embeddings`` (each once).
+
+    (Here rather than in :mod:`tfdp_sparse.distribute.shards`, which the layer itself imports to read
+    sharded tables.)
+    """
+    found, seen = [], set()
+    for layer in [model] + list(model.submodules):
+        if not isinstance(layer, (DPEmbedding, tf.keras.layers.Embedding)) or not layer.built:
+            continue
+        table = layer.embeddings
+        if is_sharded(table) and id(table) not in seen:
+            seen.add(id(table))
+            found.append(table)
+    return found

@@ -109,17 +109,3 @@ def logical_variables(var_list: Sequence, tables: Sequence) -> list:
                 "sharded table trains as a whole (pass all its shards or none)"
             )
     return out
-
-
-def sharded_tables(model: tf.Module) -> list:
-    """Every ``ShardedVariable`` a model's layers hold as ``embeddings`` (each once)."""
-    from tfdp_sparse.layers.embedding import DPEmbedding  # the layer reads sharded tables through this module
-    found, seen = [], set()
-    for layer in [model] + list(model.submodules):
-        if not isinstance(layer, (DPEmbedding, tf.keras.layers.Embedding)) or not layer.built:
-            continue
-        table = layer.embeddings
-        if is_sharded(table) and id(table) not in seen:
-            seen.add(id(table))
-            found.append(table)
-    return found

@@ -54,7 +54,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.clipping.coverage import UnsupportedLayerError, own_variables
-from tfdp_sparse.clipping.registry import model_layers
+from tfdp_sparse.keras_stack import model_layers
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import keras_rs
 import tensorflow as tf
 
-from tfdp_sparse.clipping.registry import model_layers
+from tfdp_sparse.keras_stack import model_layers
 from tfdp_sparse.layers.read_hooks import HookedTables, hook_tables
 
 

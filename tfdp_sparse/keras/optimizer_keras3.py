@@ -49,14 +49,14 @@ from typing import Iterator, Optional, Sequence
 import tensorflow as tf
 
 from tfdp_sparse.clipping.coverage import own_variables
-from tfdp_sparse.clipping.registry import LayerRegistry, model_layers
+from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.clipping.taps import TapRecorder
 from tfdp_sparse.keras.attachment import ModelTaps
 from tfdp_sparse.keras.optimizer import (BYPASS_MESSAGE, REFUSED_KWARGS, UnprivatizedUpdateError,
                                          check_expected_batch_size)
 from tfdp_sparse.keras.private_update import private_update
-from tfdp_sparse.keras_stack import as_tf_variable
+from tfdp_sparse.keras_stack import as_tf_variable, model_layers
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.optimizers import TableOptimizer, TableRule

@@ -19,14 +19,10 @@ It owns the private step, so nothing can skip clipping or noise silently
   pending noise is flushed before every save and at the end of ``fit``.
 * :meth:`PrivateModel.report` returns the trainers' JSON fields.
 
-Example::
+Example (``private`` from :func:`~tfdp_sparse.keras.wrapping.make_private`)::
 
-    private = make_private(model, PrivacyConfig(algorithm="dpsgd", target_epsilon=1.0, l2_norm_clip=1.0),
-                           num_examples=len(y), batch_size=256, epochs=3, learning_rate=0.1,
-                           loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
-    private.compile(metrics=[tf.keras.metrics.AUC(from_logits=True)])
-    history = private.fit(x, y)
-    history.history["epsilon"], private.report()["epsilon"]
+    history = private.fit(x, y)                       # Poisson batches, epsilon per epoch
+    history.history["epsilon"], private.report()["epsilon"], private.report()["coupling_check"]
 """
 
 from __future__ import annotations

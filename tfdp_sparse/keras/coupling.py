@@ -111,16 +111,24 @@ class _Replay:
         self._loss_of, self._take = loss_of, take
         self._variables, self._trainable = list(variables), list(trainable)
         self._restored = _unique([*self._variables, *machinery])
-        self._saved = [tf.identity(tf.convert_to_tensor(v)) for v in self._restored]
+        self._saved = {v.ref(): tf.identity(tf.convert_to_tensor(v)) for v in self._restored}
+        self._model_refs = {v.ref() for v in self._variables}
         self.reseed = False
 
+    def _changed(self) -> list:
+        """The variables whose value differs from the saved one (compared in TensorFlow: no host copy of a table)."""
+        return [v for v in self._restored
+                if bool(tf.reduce_any(tf.not_equal(tf.convert_to_tensor(v), self._saved[v.ref()])))]
+
     def restore(self) -> None:
-        for v, saved in zip(self._restored, self._saved):
-            v.assign(saved)
+        for v in self._changed():
+            v.assign(self._saved[v.ref()])
 
     def run(self, index: np.ndarray, kept: np.ndarray, training: bool):
-        """Per-example losses at ``index``, the gradient of the ``kept`` positions' sum, the variables written."""
-        self.restore()
+        """Per-example losses at ``index``, the gradient of the ``kept`` positions' sum, the variables written.
+
+        Every evaluation starts from the saved state (each one restores what it wrote).
+        """
         if self.reseed:
             tf.random.set_seed(REPLAY_SEED)
         x, y = self._take(index)
@@ -134,8 +142,11 @@ class _Replay:
         if out.shape != (index.size,):
             raise ValueError(f"the per-example loss must have shape [{index.size}] for {index.size} examples, got "
                              f"{out.shape}: compile with reduction=NONE (one loss per example)")
-        written = [np.asarray(tf.convert_to_tensor(v)) for v in self._variables]
-        self.restore()
+        changed = self._changed()
+        # the model's variables this forward pass wrote: {ref: value}; only those are copied to the host
+        written = {v.ref(): np.asarray(tf.convert_to_tensor(v)) for v in changed if v.ref() in self._model_refs}
+        for v in changed:
+            v.assign(self._saved[v.ref()])
         return out, [_canonical(g) for g in grads], written
 
 
@@ -169,6 +180,13 @@ def _moved(a: np.ndarray, b: np.ndarray) -> float:
     scale = float(np.max(np.abs(a))) if a.size else 0.0
     diff = float(np.max(np.abs(a - b))) if a.size else 0.0
     return diff if diff > _ATOL + _RTOL * scale else 0.0
+
+
+def _differ(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two values a forward pass wrote differ beyond float rounding (exactly, for other dtypes)."""
+    if a.dtype.kind in "fiu" and b.dtype.kind in "fiu":
+        return bool(_moved(a.astype(np.float64), b.astype(np.float64)))
+    return not np.array_equal(a, b)
 
 
 def _grad_moved(a: Optional[tuple], b: Optional[tuple]) -> float:
@@ -240,9 +258,12 @@ class _Checker:
                         "examples through its gradient, so one example can move the update by more than the "
                         f"clipping bound C and the privacy guarantee would not hold. {_why()}")
 
-    def _written(self, written: list, v_written: list, n: int) -> None:
-        for var, a, b in zip(self._variables, written, v_written):
-            if _moved(a, b):
+    def _written(self, written: dict, v_written: dict, n: int) -> None:
+        for var in self._variables:
+            a, b = written.get(var.ref()), v_written.get(var.ref())
+            if a is None and b is None:
+                continue  # not written by either forward pass
+            if a is None or b is None or _differ(a, b):
                 raise UnsupportedLayerError(
                     f"layer {self._owner(var)} writes variable {var.name!r} during the forward pass with a value "
                     f"that depends on the batch (a batch of {n}, half of it replaced, leaves a different value): "

@@ -109,10 +109,11 @@ class _Replay:
     def __init__(self, loss_of: LossFn, take: TakeFn, variables: Sequence[tf.Variable],
                  trainable: Sequence[tf.Variable], machinery: Sequence[tf.Variable] = ()):
         self._loss_of, self._take = loss_of, take
-        self._variables, self._trainable = list(variables), list(trainable)
-        self._restored = _unique([*self._variables, *machinery])
+        #: the model's variables (checked for batch-dependent writes) and those differentiated
+        self.variables, self.trainable = list(variables), list(trainable)
+        self._restored = _unique([*self.variables, *machinery])
         self._saved = {v.ref(): tf.identity(tf.convert_to_tensor(v)) for v in self._restored}
-        self._model_refs = {v.ref() for v in self._variables}
+        self._model_refs = {v.ref() for v in self.variables}
         self.reseed = False
 
     def _changed(self) -> list:
@@ -124,20 +125,23 @@ class _Replay:
         for v in self._changed():
             v.assign(self._saved[v.ref()])
 
-    def run(self, index: np.ndarray, kept: np.ndarray, training: bool):
-        """Per-example losses at ``index``, the gradient of the ``kept`` positions' sum, the variables written.
+    def run(self, index: np.ndarray, kept_sets: Sequence[np.ndarray], training: bool):
+        """Per-example losses at ``index``, per set of ``kept_sets`` the gradient of those positions' summed
+        losses (one forward pass for all of them; none for ``()``), and the variables written.
 
         Every evaluation starts from the saved state (each one restores what it wrote).
         """
         if self.reseed:
             tf.random.set_seed(REPLAY_SEED)
         x, y = self._take(index)
-        with tf.GradientTape() as tape:
+        with tf.GradientTape(persistent=len(kept_sets) > 1) as tape:
             losses = tf.convert_to_tensor(self._loss_of(x, y, training))
-            kept_losses = tf.gather(tf.reshape(losses, [-1]), kept)
-            finite = tf.math.is_finite(kept_losses)  # the step drops non-finite examples: so does the check
-            kept_sum = tf.reduce_sum(tf.where(finite, kept_losses, tf.zeros_like(kept_losses)))
-        grads = tape.gradient(kept_sum, self._trainable)
+            flat = tf.reshape(losses, [-1])
+            finite = tf.math.is_finite(flat)  # the step drops non-finite examples: so does the check
+            flat = tf.where(finite, flat, tf.zeros_like(flat))
+            sums = [tf.reduce_sum(tf.gather(flat, kept)) for kept in kept_sets]
+        grads = [[_canonical(g) for g in tape.gradient(s, self.trainable)] for s in sums]
+        del tape
         out = np.asarray(losses, np.float64)
         if out.shape != (index.size,):
             raise ValueError(f"the per-example loss must have shape [{index.size}] for {index.size} examples, got "
@@ -147,7 +151,7 @@ class _Replay:
         written = {v.ref(): np.asarray(tf.convert_to_tensor(v)) for v in changed if v.ref() in self._model_refs}
         for v in changed:
             v.assign(self._saved[v.ref()])
-        return out, [_canonical(g) for g in grads], written
+        return out, grads, written
 
 
 def _unique(variables: Sequence[tf.Variable]) -> list:
@@ -222,9 +226,8 @@ def _layouts(n: int, num_rows: int) -> tuple:
 
 
 class _Checker:
-    def __init__(self, replay: _Replay, num_rows: int, owner: Callable[[tf.Variable], str], variables, trainable):
+    def __init__(self, replay: _Replay, num_rows: int, owner: Callable[[tf.Variable], str]):
         self._replay, self._num_rows, self._owner = replay, num_rows, owner
-        self._variables, self._trainable = list(variables), list(trainable)
 
     def random(self, n: int, training: bool, repeats: int = 3) -> float:
         """The largest change between repeated evaluations of one batch (0.0: deterministic as replayed).
@@ -232,15 +235,16 @@ class _Checker:
         Three evaluations, so a random loss is not taken for a deterministic
         one by two draws that happen to agree.
         """
-        base, ((_, kept), _) = _layouts(n, self._num_rows)
-        runs = [self._replay.run(base, kept, training)[0] for _ in range(repeats)]
+        base, _ = _layouts(n, self._num_rows)
+        runs = [self._replay.run(base, (), training)[0] for _ in range(repeats)]  # losses only
         return max(_moved(runs[0], other) for other in runs[1:])
 
     def size(self, n: int, training: bool) -> None:
         base, variants = _layouts(n, self._num_rows)
-        for variant, kept in variants:
-            losses, grads, written = self._replay.run(base, kept, training)
-            v_losses, v_grads, v_written = self._replay.run(variant, kept, training)
+        # one forward pass of the base batch gives the gradient of each kept half
+        losses, base_grads, written = self._replay.run(base, [kept for _, kept in variants], training)
+        for (variant, kept), grads in zip(variants, base_grads):
+            v_losses, (v_grads,), v_written = self._replay.run(variant, [kept], training)
             self._written(written, v_written, n)
             where = f"examples at positions {kept[0]}..{kept[-1]} of a batch of {n}"
             moved = _moved(losses[kept], v_losses[kept])
@@ -249,7 +253,7 @@ class _Checker:
                     f"the loss of {where} changed by {moved:.3g} when the other examples were replaced "
                     f"(training={training}): the loss couples examples, so one example can move the update by "
                     f"more than the clipping bound C and the privacy guarantee would not hold. {_why()}")
-            for var, g, vg in zip(self._trainable, grads, v_grads):
+            for var, g, vg in zip(self._replay.trainable, grads, v_grads):
                 moved = _grad_moved(g, vg)
                 if moved:
                     raise CoupledLossError(
@@ -259,7 +263,7 @@ class _Checker:
                         f"clipping bound C and the privacy guarantee would not hold. {_why()}")
 
     def _written(self, written: dict, v_written: dict, n: int) -> None:
-        for var in self._variables:
+        for var in self._replay.variables:
             a, b = written.get(var.ref()), v_written.get(var.ref())
             if a is None and b is None:
                 continue  # not written by either forward pass
@@ -301,7 +305,7 @@ def check_no_coupling(loss_of: LossFn, take: TakeFn, *, num_rows: int, batch_siz
         raise ValueError(f"the coupling check needs at least 2 examples, got {num_rows}")
     sizes = check_sizes(batch_size)
     replay = _Replay(loss_of, take, variables, trainable, machinery)
-    checker = _Checker(replay, num_rows, owner, variables, trainable)
+    checker = _Checker(replay, num_rows, owner)
     mode, training = "training", True
     if checker.random(sizes[1], training):
         replay.reseed = True

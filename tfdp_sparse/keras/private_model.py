@@ -273,8 +273,8 @@ class PrivateModel(tf.keras.Model):
         """Runs :func:`check_no_coupling` unless this loss, model and batch size passed it already (or opted out)."""
         if self.config.allow_coupled_loss is not None:
             return
-        key = (self._per_example, tuple(v.ref() for v in tf_variables(self.model.variables)),
-               round(batch_size))
+        variables = tf_variables(self.model.variables)
+        key = (self._per_example, tuple(v.ref() for v in variables), round(batch_size))
         if self._coupling_key == key:
             return
 
@@ -287,7 +287,7 @@ class PrivateModel(tf.keras.Model):
             mechanism.flush()  # no row owes noise: a training read in the check catches up nothing
         self._coupling = check_no_coupling(
             lambda bx, by, training: self._per_example_loss(bx, by, training=training)[1], take,
-            num_rows=self.config.num_examples, batch_size=batch_size, variables=tf_variables(self.model.variables),
+            num_rows=self.config.num_examples, batch_size=batch_size, variables=variables,
             trainable=tf_variables(self.model.trainable_variables), owner=owner_of(self.model),
             machinery=[*mechanism.variables, *(g.state for g in mechanism.generators())])
         self.dp_optimizer.recorder().clear()  # the check's eager taps

@@ -19,7 +19,7 @@ def test_unit_defaults_to_example_and_survives_json():
     ledger.record_step(STEP, 3)
     back = PrivacyLedger.from_json(ledger.to_json())
     assert back.privacy_unit == "user" and back.steps == 3
-    assert json.loads(ledger.to_json())["version"] == 3
+    assert json.loads(ledger.to_json())["version"] == 4
 
 
 def test_version_2_ledgers_load_as_example_level():

@@ -1,7 +1,7 @@
 """One example with a NaN or inf feature, label or loss contributes nothing to a private step (issue 31 item 4).
 
 Before, one NaN example after the first 8 rows turned every weight into NaN and the run still said private.
-Now the step drops it by a function of that example alone (keras/non_finite.py): with σ = 0 the step on a
+Now the step drops it by a function of that example alone (step/non_finite.py): with σ = 0 the step on a
 batch holding it equals the step on the batch without it (the sum over the others, divided by the expected
 B), so its contribution is exactly 0 (at most C, as for any example), and fit's arrays are checked up front.
 """
@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, make_private
-from tfdp_sparse.keras.non_finite import check_finite_arrays, drop_non_finite_losses, finite_examples, zero_dropped
+from tfdp_sparse.step.non_finite import check_finite_arrays, drop_non_finite_losses, finite_examples, zero_dropped
 from tfdp_sparse.keras.step import PrivateStep
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.mechanisms import DPSGD

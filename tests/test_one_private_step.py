@@ -5,7 +5,7 @@ With reproducible seeds (same Poisson batches, same noise draws), a run of
 of one model end with the same weights and the same ε: the setup (δ, σ
 calibrated on plans, the mechanism bound to the model, the ledger) is
 :func:`tfdp_sparse.keras.private_setup.prepare_private` and the step is
-:func:`tfdp_sparse.keras.step.private_train_step` on both paths. A change to
+:func:`tfdp_sparse.step.train_step.private_train_step` on both paths. A change to
 either path alone (clipping, noise, regularizers, calibration) breaks the
 equality.
 """

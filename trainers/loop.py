@@ -38,7 +38,7 @@ Budget (DESIGN §4). With ``privacy.target_epsilon``:
 
 The setup (δ, σ calibrated on plans, the mechanism bound to the model, the
 optimizer, the opened ledger) is :func:`tfdp_sparse.keras.private_setup.prepare_private`
-and the Keras step is :func:`tfdp_sparse.keras.step.private_train_step`: the
+and the Keras step is :func:`tfdp_sparse.step.train_step.private_train_step`: the
 same setup and the same step as :func:`tfdp_sparse.keras.make_private`'s
 ``fit``. The trainer's own stages live in :mod:`trainers.lib` (one concept
 each): ``config`` (run settings), ``privacy`` and ``prepare`` (settings

@@ -23,6 +23,7 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger  # noqa: E402
+from tfdp_sparse.clipping.clip import ClippedGradients  # noqa: E402
 from tfdp_sparse.distribute.mirrored import MirroredPrivateStep  # noqa: E402
 from tfdp_sparse.keras import DPOptimizer, PrivateStep  # noqa: E402
 from tfdp_sparse.layers import DPEmbedding  # noqa: E402
@@ -32,6 +33,7 @@ from tfdp_sparse.mechanisms.eana import EANA  # noqa: E402
 from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST  # noqa: E402
 from tfdp_sparse.mechanisms.lazydp import LazyDP  # noqa: E402
 from tfdp_sparse.mechanisms.nonprivate import NonPrivate  # noqa: E402
+from tfdp_sparse.step.update import PrivateUpdate, noised_update  # noqa: E402
 
 VOCAB, DIM, CLIP, LR = 40, 4, 0.5, 0.3
 SPLIT = (9, 7)  # uneven shares of a global batch of 16
@@ -59,11 +61,11 @@ def _zero_loss(y, p):
     return tf.reduce_sum(p * 0.0, axis=-1)
 
 
-def _model(seed: int) -> tf.keras.Model:
+def _model(seed: int, regularizer=None) -> tf.keras.Model:
     tf.keras.utils.set_random_seed(seed)
     ids = tf.keras.Input(shape=(2,), dtype=tf.int64)
     h = DPEmbedding(VOCAB, DIM, combiner="sum", name="emb")(ids)
-    h = tf.keras.layers.Dense(3, activation="tanh", name="hidden")(h)
+    h = tf.keras.layers.Dense(3, activation="tanh", name="hidden", kernel_regularizer=regularizer)(h)
     return tf.keras.Model(ids, tf.keras.layers.Dense(1, name="head")(h))
 
 
@@ -86,10 +88,10 @@ def _optimizer(mech, adam: bool) -> DPOptimizer:
                        dense_optimizer=dense)
 
 
-def _mirrored_run(strategy, make_mech, batches, ledger=None, adam=False):
+def _mirrored_run(strategy, make_mech, batches, ledger=None, adam=False, regularizer=None):
     mech = make_mech()
     with strategy.scope():
-        model = _model(1)
+        model = _model(1, regularizer)
         opt = _optimizer(mech, adam)
     mech.bind_model(model)
     step = MirroredPrivateStep(strategy, model, _bce, opt, ledger=ledger, dataset_size=None if ledger is None else 160)
@@ -142,6 +144,22 @@ def non_finite(strategy) -> dict:
                             zip(copies, reference.trainable_variables))}
 
 
+def regularized(strategy) -> dict:
+    """A weight regularizer (outside clipping): mirrored against one device, zero noise."""
+    batches = _batches(3)
+    strong = tf.keras.regularizers.L2(0.5)  # large enough that ignoring it moves the kernel by far more than 1e-5
+    model, initial, _ = _mirrored_run(strategy, MECHANISMS["dpsgd"], batches, regularizer=strong)
+    reference = _model(1, strong)
+    reference.set_weights(initial)
+    mech = MECHANISMS["dpsgd"]()
+    mech.bind_model(reference)
+    step = PrivateStep(reference, _bce, _optimizer(mech, False))
+    for x, y in batches:
+        step(tf.constant(x), tf.constant(y))
+    return {"max_diff": max(float(np.max(np.abs(c - r.numpy()[None]))) for c, r in
+                            zip(_copies(model), reference.trainable_variables))}
+
+
 def parity(strategy) -> dict:
     """:func:`parity_one` for every mechanism of :data:`MECHANISMS`."""
     return {name: parity_one(strategy, name) for name in MECHANISMS}
@@ -161,7 +179,7 @@ def drift(strategy) -> dict:
 class PerReplicaNoisingStep(MirroredPrivateStep):
     """The wrong alternative: each replica's own clipped sums noised, then summed (for the negative test)."""
 
-    def _privatize(self, per_replica):
+    def _update(self, per_replica, clipped):
         variables = self.model.trainable_variables
         totals = None
         for r in range(self.strategy.num_replicas_in_sync):
@@ -173,9 +191,13 @@ class PerReplicaNoisingStep(MirroredPrivateStep):
                 else:
                     grads.append(tf.IndexedSlices(local(part["values"]), local(part["indices"]),
                                                   tf.constant(var.shape.as_list(), tf.int64)))
-            noised = self.mechanism.privatize(grads, variables, self._layout.is_table)
-            totals = noised.grads if totals is None else [_add(a, b) for a, b in zip(totals, noised.grads)]
-        return type(noised)(totals, noised.embedding_values)
+            local_sums = ClippedGradients(grads, list(self._layout.is_table), None, clipped.batch_size,
+                                          [None] * len(grads))
+            update = noised_update(self.mechanism, local_sums, variables, self.optimizer.expected_batch_size)
+            totals = update if totals is None else PrivateUpdate(
+                [(_add(a, b), v) for (a, v), (b, _) in zip(totals.pairs, update.pairs)], totals.is_table,
+                totals.embedding_values, None)
+        return totals
 
 
 def _add(a, b):
@@ -302,6 +324,7 @@ def main() -> None:
         "replicas": strategy.num_replicas_in_sync,
         "parity": parity(strategy),
         "non_finite": non_finite(strategy),
+        "regularized": regularized(strategy),
         "drift": drift(strategy),
         "noise_global": noise(strategy, MirroredPrivateStep),
         "noise_per_replica": noise(strategy, PerReplicaNoisingStep),

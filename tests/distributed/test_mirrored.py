@@ -164,3 +164,10 @@ def test_a_nan_example_is_dropped_as_on_one_device(checks):
     """Issue 31 item 4 on mirrored replicas: a NaN label reached the all-reduced sum there."""
     out = checks["non_finite"]
     assert out["all_finite"] and out["max_diff"] < 1e-5, out
+
+
+def test_weight_regularizers_apply_as_on_one_device(checks):
+    """Issue 32 item 1: the mirrored step goes through the shared ``noised_update``, regularizers included
+    (before, mirrored replicas dropped a kernel_regularizer silently)."""
+    out = checks["regularized"]
+    assert out["max_diff"] < 1e-5, out

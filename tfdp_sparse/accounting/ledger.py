@@ -5,6 +5,9 @@ such as a private vocabulary or bucket selection (`record`); the ledger
 composes them and reports ε through the accountant (PLD by default,
 Doroshenko et al. 2022; RDP, Mironov 2017). It is JSON-serialisable, so
 checkpoints carry the spent budget and a resumed run continues it.
+Fixed-size Poisson batches that may truncate add their truncation
+probabilities (`record_truncation`); ε then leaves that share of δ to them
+(:mod:`tfdp_sparse.accounting.truncation`).
 
 Example (the classic MNIST DP-SGD setting, Abadi et al. 2016)::
 
@@ -20,20 +23,23 @@ Example (the classic MNIST DP-SGD setting, Abadi et al. 2016)::
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Optional, Sequence
 
 import dp_accounting
 
 from tfdp_sparse.accounting.epsilon import _contains, epsilon_from_event
 from tfdp_sparse.accounting.event_json import event_from_dict, event_to_dict
+from tfdp_sparse.accounting.truncation import epsilon_with_truncation
 from tfdp_sparse.accounting.validation import (
-    _validate_accountant, _validate_int, validate_delta)
+    _is_real, _validate_accountant, _validate_int, validate_delta)
 
 _LEDGER_FORMAT = "tfdp_sparse.PrivacyLedger"
-#: Version 2 adds ``void_reasons``; version 3 the ``privacy_unit``. Versions 1 and 2
-#: (no void reasons / example level, the only unit they knew) still load.
-_LEDGER_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
+#: Version 2 adds ``void_reasons``; version 3 the ``privacy_unit``; version 4 the
+#: ``truncation_mass``. Versions 1 to 3 (no void reasons / example level, the only
+#: unit they knew / no truncated batches) still load.
+_LEDGER_VERSION = 4
+_READABLE_VERSIONS = (1, 2, 3, 4)
 #: The unit of every ledger written before units existed.
 _DEFAULT_UNIT = "example"
 
@@ -94,7 +100,9 @@ class PrivacyLedger:
         self._steps = 0
         self._void: list[str] = []
         self._unit = _DEFAULT_UNIT
-        self._cache: dict[tuple[float, str], float] = {}
+        self._truncation_mass = 0.0
+        # (delta, accountant) -> (epsilon, truncation delta share).
+        self._cache: dict[tuple[float, str], tuple[float, float]] = {}
 
     # -- recording ----------------------------------------------------------
 
@@ -143,6 +151,35 @@ class PrivacyLedger:
             raise ValueError(f"reason={reason!r} is invalid: give a non-empty explanation of why the run is void")
         if reason not in self._void:
             self._void.append(reason)
+
+    def record_truncation(self, probability: float, num_steps: int = 1) -> None:
+        """Records `num_steps` fixed-size steps, each truncating with `probability` (at N + 1 examples).
+
+        Adds ``probability * num_steps`` to :attr:`truncation_mass`; ε then
+        holds for the truncated batches (`epsilon_with_truncation`). The
+        steps themselves are recorded with `record_step` as usual.
+
+        >>> ledger = PrivacyLedger()
+        >>> ledger.record_truncation(1e-12, num_steps=800)
+        >>> ledger.truncation_mass
+        8e-10
+        """
+        if (not _is_real(probability) or not math.isfinite(probability)
+                or not 0.0 <= probability <= 1.0):
+            raise ValueError(
+                f"probability={probability!r} is invalid: it must be a "
+                "probability in [0, 1] (of a step's Poisson draw exceeding "
+                "the fixed batch size)")
+        num_steps = _validate_int("num_steps", num_steps, 0)
+        if probability == 0.0 or num_steps == 0:
+            return
+        self._cache.clear()
+        self._truncation_mass += float(probability) * num_steps
+
+    @property
+    def truncation_mass(self) -> float:
+        """Σ over steps of the truncation probabilities (0.0 without `record_truncation`)."""
+        return self._truncation_mass
 
     @property
     def void_reasons(self) -> tuple[str, ...]:
@@ -203,17 +240,35 @@ class PrivacyLedger:
              self._entries])
 
     def epsilon(self, delta: float, accountant: str = "pld") -> float:
-        """ε spent so far at `delta`; raises PrivacyNotAvailable if non-DP."""
+        """ε spent so far at `delta`; raises PrivacyNotAvailable if non-DP.
+
+        With a truncation mass, ε holds at `delta` including the share
+        `truncation_delta_share` (ValueError when that share would reach δ).
+        """
+        return self._epsilon_and_share(delta, accountant)[0]
+
+    def truncation_delta_share(self, delta: float,
+                               accountant: str = "pld") -> float:
+        """The part of `delta` that `epsilon(delta)` leaves to truncated batches: (1 + e^ε)·mass."""
+        return self._epsilon_and_share(delta, accountant)[1]
+
+    def _epsilon_and_share(self, delta: float,
+                           accountant: str) -> tuple[float, float]:
         delta = validate_delta(delta)
         _validate_accountant(accountant)
         if not self.is_private:
             raise PrivacyNotAvailable(self.not_private_reasons)
         key = (delta, accountant)
         if key not in self._cache:
-            self._cache[key] = (epsilon_from_event(
-                self.composed_event(), delta, accountant)
-                                if self._entries else 0.0)
+            self._cache[key] = epsilon_with_truncation(
+                lambda d: self._untruncated_epsilon(d, accountant), delta,
+                self._truncation_mass)
         return self._cache[key]
+
+    def _untruncated_epsilon(self, delta: float, accountant: str) -> float:
+        if not self._entries:
+            return 0.0
+        return epsilon_from_event(self.composed_event(), delta, accountant)
 
     def epsilon_if(self, next_event: dp_accounting.DpEvent, count: int,
                    delta: float, accountant: str = "pld") -> float:
@@ -231,6 +286,8 @@ class PrivacyLedger:
         other._entries = [list(e) for e in self._entries]
         other._steps = self._steps
         other._void = list(self._void)
+        other._unit = self._unit
+        other._truncation_mass = self._truncation_mass
         return other
 
     # -- the privacy unit ------------------------------------------------------
@@ -273,6 +330,7 @@ class PrivacyLedger:
                            "steps": self._steps,
                            "void_reasons": list(self._void),
                            "privacy_unit": self._unit,
+                           "truncation_mass": self._truncation_mass,
                            "entries": entries}, sort_keys=True)
 
     @classmethod
@@ -300,6 +358,10 @@ class PrivacyLedger:
         if unit not in ("example", "user"):
             raise ValueError(f"privacy_unit={unit!r} must be 'example' or 'user'")
         ledger._unit = unit
+        mass = data.get("truncation_mass", 0.0)
+        if not _is_real(mass) or not math.isfinite(mass) or mass < 0:
+            raise ValueError(f"truncation_mass={mass!r} must be a finite number >= 0")
+        ledger._truncation_mass = float(mass)
         for item in data.get("entries", []):
             event = event_from_dict(item.get("event"))
             count = _validate_int("count", item.get("count"), 1)
@@ -313,4 +375,5 @@ class PrivacyLedger:
         return (f"PrivacyLedger(steps={self._steps}, "
                 f"entries={self.entries!r}, "
                 f"not_private_reasons={self.not_private_reasons!r}, "
-                f"void_reasons={self.void_reasons!r}, privacy_unit={self._unit!r})")
+                f"void_reasons={self.void_reasons!r}, privacy_unit={self._unit!r}, "
+                f"truncation_mass={self._truncation_mass!r})")

@@ -62,9 +62,11 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
-from tfdp_sparse.clipping.clip import clip_gradients
-from tfdp_sparse.keras.non_finite import drop_non_finite_losses, without_non_finite
+from tfdp_sparse.clipping.clip import ClippedGradients, clip_gradients
 from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.step.losses import record_losses
+from tfdp_sparse.step.regularization import regularization_gradients
+from tfdp_sparse.step.update import PrivateUpdate, check_recorded, noised_update
 
 PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 _MIRRORED = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
@@ -147,15 +149,18 @@ class MirroredPrivateStep:
 
     # -- the step -------------------------------------------------------------
 
+    def _forward_loss(self, features, labels) -> tuple:
+        predictions = self.model(features, training=True)
+        return predictions, self.loss_fn(labels, predictions)
+
     def _replica_clip(self, features, labels) -> dict:
         """Forward pass and per-example clipping of this replica's share (replica context)."""
         self._recorder.clear()
         variables = self.model.trainable_variables
-        features, labels, keep = without_non_finite(features, labels)  # a NaN example contributes nothing
-        with tf.GradientTape() as tape:
-            loss = tf.cast(self.loss_fn(labels, self.model(features, training=True)), tf.float32)
-            loss, _ = drop_non_finite_losses(loss, keep)
-        clipped = clip_gradients(loss, tape, variables, self._recorder.take(), self.mechanism.l2_norm_clip)
+        recorded = record_losses(self._forward_loss, features, labels)  # non-finite examples contribute nothing
+        loss = recorded.losses
+        clipped = clip_gradients(loss, recorded.tape, variables, self._recorder.take(), self.mechanism.l2_norm_clip)
+        check_recorded(clipped.grads, variables)
         self._layout = _Layout(tuple(clipped.is_table))
         parts = []
         for grad, ids in zip(clipped.grads, clipped.lookups or [None] * len(variables)):
@@ -164,7 +169,17 @@ class MirroredPrivateStep:
             else:
                 parts.append({"dense": grad})
         norms = clipped.norms if clipped.norms is not None else tf.zeros([0])
-        return {"parts": parts, "norms": norms, "loss": tf.reduce_sum(loss), "size": clipped.batch_size}
+        # Weight regularizers depend on the weights alone: equal on every replica, outside clipping.
+        regularization = regularization_gradients(self.model, variables) or [None] * len(variables)
+        return {"parts": parts, "norms": norms, "loss": tf.reduce_sum(loss), "size": clipped.batch_size,
+                "regularization": regularization}
+
+    def _regularization(self, per_replica: dict) -> Optional[list]:
+        """The regularizers' gradients (every replica holds the same; the first replica's copy is used)."""
+        grads = per_replica["regularization"]
+        if all(g is None for g in grads):
+            return None
+        return [None if g is None else self.strategy.experimental_local_results(g)[0] for g in grads]
 
     def _aggregate(self, per_replica: dict) -> tuple[list, list]:
         """``(grads, lookups)`` of the global batch: slices and ids all-gathered, dense grads all-reduced."""
@@ -193,33 +208,33 @@ class MirroredPrivateStep:
                                                 skip_gradients_aggregation=True)
             opt.apply_gradients([(g, v) for g, v in pairs if v.ref() in tables], skip_gradients_aggregation=True)
 
-    def _privatize(self, per_replica: dict):
-        """The mechanism, once, on the global batch's aggregate (cross-replica context)."""
+    def _global_clipped(self, per_replica: dict) -> ClippedGradients:
+        """The global batch's clipped sums, as one machine's ``clip_gradients`` would return them."""
         grads, lookups = self._aggregate(per_replica)
-        return self.mechanism.privatize(grads, self.model.trainable_variables, self._layout.is_table,
-                                        lookups=lookups, context=self.optimizer.step_context())
+        norms = None
+        if self.mechanism.l2_norm_clip is not None:
+            norms = self.strategy.gather(per_replica["norms"], axis=0)
+        size = self.strategy.reduce(_SUM, per_replica["size"], axis=None)
+        return ClippedGradients(grads, list(self._layout.is_table), norms, size, lookups)
+
+    def _update(self, per_replica: dict, clipped: ClippedGradients) -> PrivateUpdate:
+        """The mechanism, once, on the global batch (cross-replica context): the shared half of every step."""
+        opt = self.optimizer
+        return noised_update(self.mechanism, clipped, self.model.trainable_variables, opt.expected_batch_size,
+                             self._regularization(per_replica), context=opt.step_context())
 
     def _run(self, features, labels) -> dict:
         per_replica = self.strategy.run(self._replica_clip, args=(features, labels))
-        noised = self._privatize(per_replica)
+        clipped = self._global_clipped(per_replica)
         opt = self.optimizer
-        size = self.strategy.reduce(_SUM, per_replica["size"], axis=None)
-        if opt.expected_batch_size is not None:
-            denominator = tf.constant(float(opt.expected_batch_size))
-        else:  # non-private only (DPOptimizer refuses None for private mechanisms)
-            denominator = tf.cast(tf.maximum(size, 1), tf.float32)
-        live = [(g, v) for g, v in zip(noised.grads, self.model.trainable_variables) if g is not None]
-        scaled = [_scale(g, 1.0 / denominator) for g, _ in live]
-        opt.last_embedding_values.assign(noised.embedding_values)
-        if self.mechanism.l2_norm_clip is not None:
-            norms = self.strategy.gather(per_replica["norms"], axis=0)
-            clipped = tf.reduce_mean(tf.cast(norms > self.mechanism.l2_norm_clip, tf.float32))
-            opt.last_clipped_fraction.assign(clipped)
-        variables = [v for _, v in live]  # captured, not passed: arguments would be unwrapped per replica
-        self.strategy.run(lambda *grads: self._replica_apply(variables, list(grads)), args=tuple(scaled))
+        update = self._update(per_replica, clipped)
+        with tf.control_dependencies(update.assign_metrics(opt.last_embedding_values, opt.last_clipped_fraction)):
+            variables = [v for _, v in update.pairs]  # captured, not passed: arguments would be unwrapped per replica
+            self.strategy.run(lambda *grads: self._replica_apply(variables, list(grads)),
+                              args=tuple(g for g, _ in update.pairs))
         loss = self.strategy.reduce(_SUM, per_replica["loss"], axis=None)
-        return {"loss": loss / tf.cast(tf.maximum(size, 1), tf.float32),
-                "embedding_values": noised.embedding_values, "batch_size": size}
+        return {"loss": loss / tf.cast(tf.maximum(clipped.batch_size, 1), tf.float32),
+                "embedding_values": update.embedding_values, "batch_size": clipped.batch_size}
 
     def __call__(self, features, labels) -> dict:
         """One private step on distributed ``features``/``labels`` (e.g. from ``experimental_distribute_dataset``)."""
@@ -233,8 +248,3 @@ class MirroredPrivateStep:
                 self.ledger.record_step(event)
         return out
 
-
-def _scale(grad, factor):
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
-    return grad * factor

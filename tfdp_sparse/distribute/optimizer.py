@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.distribute.shards import is_sharded, logical_variables, split_gradient
+from tfdp_sparse.distribute.shards import is_sharded, logical_gradients, logical_variables, split_gradient
 from tfdp_sparse.layers.embedding import DPEmbedding
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.mechanisms.base import Gradient, NoisedGradients, StepGrads, sum_duplicates
@@ -115,9 +115,17 @@ class ShardedDPOptimizer(DPOptimizer):
         self._sharded = sharded_tables(model)
         return recorder
 
-    def private_step(self, per_example_loss, var_list, tape):
+    def private_step(self, per_example_loss, var_list, tape, regularization_grads=None, users=None):
+        """``DPOptimizer.private_step`` on whole tables (shards joined); the user level is refused on the cluster."""
+        if users is not None:
+            raise ValueError(
+                "user-level DP on parameter servers is not supported: each user's examples would have to reach "
+                "one worker's batch; train at the user level on one machine (make_private or the trainers)")
         var_list = list(var_list() if callable(var_list) else var_list)
-        return super().private_step(per_example_loss, logical_variables(var_list, self._sharded), tape)
+        if regularization_grads is not None:
+            regularization_grads = logical_gradients(regularization_grads, var_list, self._sharded)
+        return super().private_step(per_example_loss, logical_variables(var_list, self._sharded), tape,
+                                    regularization_grads=regularization_grads)
 
     def apply_gradients(self, grads_and_vars, name: Optional[str] = None, **kwargs):
         """Splits sharded tables' gradients into their shards and applies them (see class doc)."""

@@ -109,3 +109,28 @@ def logical_variables(var_list: Sequence, tables: Sequence) -> list:
                 "sharded table trains as a whole (pass all its shards or none)"
             )
     return out
+
+
+def logical_gradients(grads: Sequence, var_list: Sequence, tables: Sequence) -> list:
+    """``grads`` (aligned with ``var_list``, shards listed) aligned with :func:`logical_variables` instead.
+
+    A sharded table's entry is its shards' dense gradients stacked in row
+    order (``None`` when no shard has one); the shards partition the rows in
+    the order of ``table.variables``. Used for weight-regularizer gradients,
+    which are dense.
+
+    Example: ``[g_k, g_0, g_1]`` for ``[kernel, table/part_0, table/part_1]`` -> ``[g_k, concat([g_0, g_1])]``.
+    """
+    by_shard = {v.ref(): g for v, g in zip(var_list, grads)}
+    out = []
+    for v in logical_variables(var_list, tables):
+        if not is_sharded(v):
+            out.append(by_shard[v.ref()])
+            continue
+        parts = [by_shard[s.ref()] for s in v.variables]
+        if all(p is None for p in parts):
+            out.append(None)
+            continue
+        out.append(tf.concat([tf.zeros(s.shape, s.dtype) if p is None else tf.convert_to_tensor(p)
+                              for p, s in zip(parts, v.variables)], axis=0))
+    return out

@@ -14,7 +14,9 @@ closure runs on whichever worker is free and
    atomically, so two executions never share a batch or noise key, even
    with a global seed set and several workers; the worker then reads its
    examples by index;
-3. runs the private step (clip, mechanism, SGD on the sharded tables).
+3. runs the private step (:func:`tfdp_sparse.step.train_step.private_train_step`,
+   as on one machine: non-finite drop, regularizers, clip, mechanism, SGD on
+   the sharded tables).
 
 The noise of every mechanism comes from the mechanism's own generator,
 also held on a server (created under ``strategy.scope()``): draws are
@@ -66,9 +68,9 @@ import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
-from tfdp_sparse.keras.non_finite import drop_non_finite_losses, without_non_finite
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.selection.false_positives import sample_false_positives_tf
+from tfdp_sparse.step.train_step import private_train_step
 
 #: Stream of the batch-seed generator in :meth:`NoiseSource.tf_generator`.
 BATCH_STREAM = 29
@@ -128,12 +130,16 @@ class ClusterTrainer:
         with strategy.scope():
             self.executed = tf.Variable(0, dtype=tf.int64, trainable=False, name="executed_steps")
             self.batch_rng = source.tf_generator(stream=BATCH_STREAM)
-        self._recorder = optimizer.attach(model)
+        optimizer.attach(model)
         #: Deferred noise (LazyDP) keys per-row state by the step: no concurrent steps (module doc);
         #: one worker runs its closures one after another already.
         self.sequential = optimizer.mechanism.plan.requires().defers_noise and num_workers != 1
         self._recorded = 0
         self._step = tf.function(self._closure, autograph=False)
+
+    def _forward_loss(self, features, labels) -> tuple:
+        predictions = self.model(features, training=True)
+        return predictions, self.loss_fn(labels, predictions)
 
     def _replica_step(self):
         step_id = self.executed.assign_add(1)
@@ -142,12 +148,7 @@ class ClusterTrainer:
             index = poisson_batch_indices(seed, self.data.size, self.rate)
         features = tf.nest.map_structure(lambda a: tf.gather(tf.constant(a), index), self.data.features)
         labels = tf.gather(tf.constant(self.data.labels), index)
-        self._recorder.clear()
-        features, labels, keep = without_non_finite(features, labels)  # a NaN example contributes nothing
-        with tf.GradientTape() as tape:
-            per_example_loss = tf.cast(self.loss_fn(labels, self.model(features, training=True)), tf.float32)
-            per_example_loss, _ = drop_non_finite_losses(per_example_loss, keep)
-        update = self.optimizer.private_step(per_example_loss, self.model.trainable_variables, tape)
+        _, _, update = private_train_step(self.model, self._forward_loss, self.optimizer, features, labels)
         with tf.control_dependencies([update]):
             # sum of (i + 1)^2 over the batch: tells batches apart in logs and tests
             fingerprint = tf.reduce_sum(tf.square(index + 1))

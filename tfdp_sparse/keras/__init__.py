@@ -15,8 +15,8 @@ from tfdp_sparse.keras.coupling import CoupledLossError
 from tfdp_sparse.keras.optimizer import DPOptimizer, UnprivatizedUpdateError
 from tfdp_sparse.keras.private_model import PrivateModel
 from tfdp_sparse.keras.wrapping import make_private
-from tfdp_sparse.keras.private_update import UnrecordedLossError
-from tfdp_sparse.keras.regularization import DataDependentLossError
+from tfdp_sparse.step.update import UnrecordedLossError
+from tfdp_sparse.step.regularization import DataDependentLossError
 from tfdp_sparse.keras.step import PrivateStep
 
 __all__ = ["CoupledLossError", "DPOptimizer", "DataDependentLossError", "PrivateModel", "PrivateStep",

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from tfdp_sparse.data.sampling import ArrayGather
-from tfdp_sparse.keras.non_finite import check_finite_arrays
+from tfdp_sparse.step.non_finite import check_finite_arrays
 
 WEIGHTS_MESSAGE = (
     "per-example weights are not supported on a private model: a weight scales an example's loss, and so its "

@@ -47,7 +47,7 @@ from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.clipping.taps import TapRecorder
 from tfdp_sparse.keras.attachment import ModelTaps
-from tfdp_sparse.keras.private_update import private_update
+from tfdp_sparse.step.update import private_update
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.optimizers import TableOptimizer, TableRule
@@ -244,7 +244,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         ``regularization_grads`` (aligned with ``var_list``, ``None`` entries
         allowed): gradients of weight regularizers, which depend on no example;
         they are added after noise and the ``1/B`` scaling, unclipped
-        (:mod:`tfdp_sparse.keras.regularization`).
+        (:mod:`tfdp_sparse.step.regularization`).
         """
         if tape is None:
             raise ValueError("DPOptimizer needs the GradientTape that recorded the forward pass")
@@ -252,9 +252,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         update = private_update(self.mechanism, self.expected_batch_size, per_example_loss, var_list, tape,
                                 self.recorder().take(), regularization_grads,
                                 predraw_dense=self.predraw_dense_noise, users=users, context=self.step_context())
-        updates = [self.last_embedding_values.assign(update.embedding_values)]
-        if update.clipped_fraction is not None:
-            updates.append(self.last_clipped_fraction.assign(update.clipped_fraction))
+        updates = update.assign_metrics(self.last_embedding_values, self.last_clipped_fraction)
         with tf.control_dependencies(updates), self.privatized():
             if self.table_optimizer is not None:
                 return self._apply_with_table_optimizer(*update.split_pairs(var_list))

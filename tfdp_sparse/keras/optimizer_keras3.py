@@ -1,7 +1,7 @@
 """The Keras 3 (TensorFlow backend) face of the DP optimizer: the same private step, applied by Keras 3's SGD.
 
 The framework-neutral step (clip, privatize, 1/B, pairs) is
-:func:`tfdp_sparse.keras.private_update.private_update`, shared with the
+:func:`tfdp_sparse.step.update.private_update`, shared with the
 tf-keras :class:`tfdp_sparse.keras.DPOptimizer`. This class supplies the
 Keras 3 hooks: the step runs on the ``tf.Variable`` behind each
 ``keras.Variable`` (:func:`tfdp_sparse.keras_stack.as_tf_variable`), and the
@@ -55,7 +55,7 @@ from tfdp_sparse.clipping.taps import TapRecorder
 from tfdp_sparse.keras.attachment import ModelTaps
 from tfdp_sparse.keras.optimizer import (BYPASS_MESSAGE, REFUSED_KWARGS, UnprivatizedUpdateError,
                                          check_expected_batch_size)
-from tfdp_sparse.keras.private_update import private_update
+from tfdp_sparse.step.update import private_update
 from tfdp_sparse.keras_stack import as_tf_variable, model_layers
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
@@ -160,9 +160,7 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         update = private_update(self.mechanism, self.expected_batch_size, per_example_loss, tf_vars, tape,
                                 self.recorder().take(), regularization_grads, users=users,
                                 context=self.step_context())
-        updates = [self.last_embedding_values.assign(update.embedding_values)]
-        if update.clipped_fraction is not None:
-            updates.append(self.last_clipped_fraction.assign(update.clipped_fraction))
+        updates = update.assign_metrics(self.last_embedding_values, self.last_clipped_fraction)
         by_ref = {t.ref(): k for t, k in zip(tf_vars, keras_vars)}
         table_pairs, other_pairs = update.split_pairs(tf_vars)
         with tf.control_dependencies(updates), self.privatized():

@@ -46,7 +46,7 @@ from tfdp_sparse.keras.per_example_loss import per_example_loss_fn
 from tfdp_sparse.keras.private_config import RAW_METRICS_RELEASE, VALIDATION_RELEASE, PrivateFitConfig
 from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, RunCharge, epsilon_of, sync_ledger
 from tfdp_sparse.keras.read_guard import INSPECTS_REASON, FlushBeforeUserCallbacks, inspects_pending_noise
-from tfdp_sparse.keras.step import private_train_step
+from tfdp_sparse.step.train_step import private_train_step
 from tfdp_sparse.keras.user_batches import UserGather, check_user_ids
 from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.data.user_sampling import UserPoissonSampler

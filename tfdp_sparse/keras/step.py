@@ -1,10 +1,9 @@
-"""The one private step: forward with taps, per-example loss, regularizers outside clipping, clip, noise, apply.
+"""A compiled private step for custom loops and the trainers: :class:`PrivateStep`.
 
-:func:`private_train_step` is the body of every private step on the Keras
-backend: :class:`tfdp_sparse.keras.PrivateModel`'s ``train_step`` (``fit``)
-and :class:`PrivateStep` (custom loops and the trainers, through
-:func:`tfdp_sparse.keras.make_private`'s setup) both call it, so clipping,
-noise and the regularizer rule cannot drift apart.
+Its body is :func:`tfdp_sparse.step.train_step.private_train_step`, the same
+as :class:`tfdp_sparse.keras.PrivateModel`'s ``train_step`` (``fit``) and
+the parameter servers' step, so clipping, noise and the regularizer rule
+cannot drift apart.
 
 Example::
 
@@ -20,41 +19,12 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfdp_sparse.clipping.user_norms import UserClipping, UserSegments
-from tfdp_sparse.keras.non_finite import drop_non_finite_losses, without_non_finite
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
-from tfdp_sparse.keras.regularization import regularization_gradients
+from tfdp_sparse.step.train_step import private_train_step
 
 PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
-#: ``(x, y) -> (predictions or None, per-example losses [B])`` under a tape (training mode).
-ForwardLoss = Callable[[object, object], tuple]
-
-
-def private_train_step(model: tf.keras.Model, forward_loss: ForwardLoss, optimizer: DPOptimizer, x, y,
-                       users: Optional[UserClipping] = None) -> tuple[Optional[tf.Tensor], tf.Tensor, tf.Operation]:
-    """One private step of ``model`` on ``(x, y)``: ``(predictions, per-example losses in float32, update op)``.
-
-    The taps are cleared, an example with a non-finite feature, label or
-    loss is dropped (its values and loss zeroed: :mod:`tfdp_sparse.keras.non_finite`),
-    the forward pass runs under a tape, the losses are
-    cast to float32 (mixed precision: clipping and noise run in float32),
-    weight regularizers get gradients of their own, outside clipping (they
-    depend on the weights only: :mod:`tfdp_sparse.keras.regularization`), and
-    :meth:`DPOptimizer.private_step` clips (each example, or with ``users``
-    each user's sum: user-level DP), noises and applies.
-
-    Example: ``preds, losses, op = private_train_step(model, lambda x, y: (model(x), loss(y, model(x))), opt, x, y)``.
-    """
-    optimizer.recorder().clear()
-    x, y, keep = without_non_finite(x, y)  # an example with a NaN or inf anywhere contributes nothing
-    with tf.GradientTape() as tape:
-        predictions, per_example = forward_loss(x, y)
-        per_example, _ = drop_non_finite_losses(tf.cast(per_example, tf.float32), keep)
-    variables = model.trainable_variables  # after the call: it builds an unbuilt model
-    reg_grads = regularization_gradients(model, variables)
-    update = optimizer.private_step(per_example, variables, tape, regularization_grads=reg_grads, users=users)
-    return predictions, per_example, update
 
 
 class PrivateStep:

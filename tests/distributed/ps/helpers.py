@@ -14,13 +14,16 @@ IDS = 3
 LOSS = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
 
 
-def build_model(vocab: int, dim: int, seed: int = 0, zero_kernel: bool = False) -> tf.keras.Model:
-    """``DPEmbedding(vocab, dim, sum of IDS ids) -> Dense(1)`` with deterministic weights."""
+def build_model(vocab: int, dim: int, seed: int = 0, zero_kernel: bool = False, regularizer=None) -> tf.keras.Model:
+    """``DPEmbedding(vocab, dim, sum of IDS ids) -> Dense(1)`` with deterministic weights.
+
+    ``regularizer``: on the kernel (a weight regularizer, outside clipping).
+    """
     ids = tf.keras.Input((IDS,), dtype=tf.int64)
     table = DPEmbedding(vocab, dim, combiner="sum", name="table",
                         embeddings_initializer=tf.keras.initializers.RandomUniform(-0.5, 0.5, seed=seed))
     kernel = "zeros" if zero_kernel else tf.keras.initializers.GlorotUniform(seed=seed + 1)
-    dense = tf.keras.layers.Dense(1, kernel_initializer=kernel, name="dense")
+    dense = tf.keras.layers.Dense(1, kernel_initializer=kernel, name="dense", kernel_regularizer=regularizer)
     return tf.keras.Model(ids, dense(table(ids)))
 
 

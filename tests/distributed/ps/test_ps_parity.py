@@ -6,9 +6,11 @@ import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.distribute.optimizer import ServerNoiseDPSGD
+from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.mechanisms import build
+from tfdp_sparse.step.train_step import private_train_step
 
-from .helpers import batch, build_model, cluster_model, cluster_step_fn, copy_weights, local_step, table_of
+from .helpers import LOSS, batch, build_model, cluster_model, cluster_step_fn, copy_weights, local_step, table_of
 
 VOCAB, DIM, LR, BATCH = 200, 4, 0.5, 8
 CLIP = 0.05  # small: every example is clipped
@@ -55,3 +57,37 @@ def test_zero_noise_parity(ps, name):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
     np.testing.assert_allclose(model.get_layer("dense").kernel.numpy(),
                                reference.get_layer("dense").kernel.numpy(), rtol=0, atol=1e-6)
+
+
+def _forward(model):
+    def forward_loss(x, y):
+        predictions = model(x, training=True)
+        return predictions, LOSS(y, predictions)
+    return forward_loss
+
+
+def test_weight_regularizers_apply_as_on_one_machine(ps):
+    """Issue 32 item 1: the cluster's step is ``private_train_step`` (the Keras step), so weight regularizers
+    apply outside clipping exactly as on one machine; before, the cluster's own step dropped them."""
+    strategy, coordinator = ps
+    strong = tf.keras.regularizers.L2(0.5)
+    features, labels = batch(VOCAB, BATCH, seed=3)
+    reference = build_model(VOCAB, DIM, regularizer=strong)
+    model, _, optimizer, _ = cluster_model(strategy, VOCAB, DIM, MECHANISMS["dpsgd"], LR, BATCH, regularizer=strong)
+    copy_weights(reference, model)
+    local_mech = MECHANISMS["dpsgd"]()
+    local_opt = DPOptimizer(local_mech, learning_rate=LR, expected_batch_size=BATCH)
+    local_opt.attach(reference)
+    local_mech.bind_model(reference)
+    tf.function(lambda x, y: private_train_step(reference, _forward(reference), local_opt, x, y)[2],
+                autograph=False)(tf.constant(features), tf.constant(labels))
+
+    @tf.function(autograph=False)
+    def step(x, y):
+        return strategy.run(lambda a, b: private_train_step(model, _forward(model), optimizer, a, b)[1], args=(x, y))
+
+    coordinator.schedule(step, args=(tf.constant(features), tf.constant(labels)))
+    coordinator.join()
+    np.testing.assert_allclose(table_of(model), table_of(reference), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(model.get_layer("dense").kernel.numpy(), reference.get_layer("dense").kernel.numpy(),
+                               rtol=0, atol=1e-6)

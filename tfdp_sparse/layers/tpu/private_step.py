@@ -41,12 +41,13 @@ from typing import Callable, Mapping, Optional
 
 import tensorflow as tf
 
-from tfdp_sparse.keras.non_finite import drop_non_finite_losses, without_non_finite
 from tfdp_sparse.keras.optimizer import DPOptimizer
 from tfdp_sparse.layers.tpu import lookahead, packing
 from tfdp_sparse.layers.tpu.activation_clip import clip_from_activations
 from tfdp_sparse.layers.tpu.config import READ_SUFFIX, UPDATE_SUFFIX, Combiner, TPUEmbeddingPlan
 from tfdp_sparse.layers.tpu.model_split import ModelSplit
+from tfdp_sparse.step.losses import record_losses
+from tfdp_sparse.step.update import PrivateUpdate, noised_update
 
 Features = Mapping[str, tf.Tensor]
 
@@ -89,7 +90,6 @@ class TPUPrivateStep:
                     "the rows they read (negatives, catalogue) would need their deferred noise caught up by the "
                     "look-ahead too, which is not implemented; use the keras backend for this model"
                 )
-        self._scale = float(optimizer.expected_batch_size) if optimizer.expected_batch_size else None
         self._recorder = optimizer.attach(split.model)  # clipping rules for the head's layers
         self._step = tf.function(self._run, autograph=False, reduce_retracing=True)
         self._prime = tf.function(self._run_prime, autograph=False, reduce_retracing=True)
@@ -128,39 +128,34 @@ class TPUPrivateStep:
         acts = [activations[s.name] for s in self.plan.specs]
         reads = {n: (read_ids[n], tf.stop_gradient(activations[n + READ_SUFFIX])) for n in self.plan.read_features}
         self._recorder.clear()
-        features, labels, keep = without_non_finite(features, labels)  # a NaN example contributes nothing
-        with tf.GradientTape() as tape:
-            tape.watch(acts)
-            predictions = self.split.forward(acts, reads, features, training=True)
-            per_example_loss = tf.cast(self.loss_fn(labels, predictions), tf.float32)
-            per_example_loss, _ = drop_non_finite_losses(per_example_loss, keep)
+
+        def forward_loss(x, y):
+            predictions = self.split.forward(acts, reads, x, training=True)
+            return predictions, self.loss_fn(y, predictions)
+
+        recorded = record_losses(forward_loss, features, labels, watch=acts)  # non-finite examples contribute nothing
         tables = [layer.embeddings for layer in self.split.layers]
         variables = list(self.split.model.trainable_variables)
-        clipped = clip_from_activations(per_example_loss, tape, acts, ids, [s.combiner for s in self.plan.specs],
-                                        tables, variables, self._recorder.take(), self.mechanism.l2_norm_clip)
+        clipped = clip_from_activations(recorded.losses, recorded.tape, acts, ids,
+                                        [s.combiner for s in self.plan.specs], tables, variables,
+                                        self._recorder.take(), self.mechanism.l2_norm_clip)
         context = self.optimizer.step_context()  # step t-1 and eta_t, before the step counter moves
-        if self.mechanism.needs_lookups:
-            noised = self.mechanism.privatize(clipped.grads, variables, clipped.is_table, lookups=clipped.lookups,
-                                              context=context)
-        else:
-            noised = self.mechanism.privatize(clipped.grads, variables, clipped.is_table, context=context)
-        denominator = (tf.constant(self._scale) if self._scale is not None
-                       else tf.cast(tf.maximum(clipped.batch_size, 1), tf.float32))
-        rate = context.learning_rate
-        by_table = {v.ref(): g for v, g, t in zip(variables, noised.grads, clipped.is_table) if t}
+        update = noised_update(self.mechanism, clipped, variables, self.optimizer.expected_batch_size,
+                               context=context)  # the shared half: mechanism, 1/B
+        by_table = {v.ref(): g for g, v in update.pairs if v.ref() in {t.ref() for t in tables}}
         catch_up = self._lookahead(next_features, context) if (self.lazy and next_features is not None) else {}
         packed = {}
         for spec, table in zip(self.plan.specs, tables):
-            rows = _scaled(by_table.get(table.ref()), 1.0 / denominator, rate)
+            rows = _at_rate(by_table.get(table.ref()), context.learning_rate)
             packed[spec.name] = packing.pack_rows(rows, self.plan.update_slots[spec.name], spec.dim, spec.name,
                                                   extra=catch_up.get(spec.name))
-        dense_op = self._apply_dense(variables, noised, clipped, denominator)
+        dense_op = self._apply_dense(update, tables)
         with tf.control_dependencies([dense_op]):
             table_op = self._apply_updates(ids, read_ids, packed)
         with tf.control_dependencies([table_op]):
             return {
-                "loss": tf.reduce_mean(per_example_loss),
-                "embedding_values": tf.identity(noised.embedding_values),
+                "loss": tf.reduce_mean(recorded.losses),
+                "embedding_values": tf.identity(update.embedding_values),
                 "update_rows": tf.add_n([tf.size(tf.unique(p[0])[0]) for p in packed.values()]),
             }
 
@@ -174,16 +169,13 @@ class TPUPrivateStep:
                                                 lookahead.unique_read_ids(feature_ids), completed)
         return out
 
-    def _apply_dense(self, variables, noised, clipped, denominator) -> tf.Operation:
-        """``1/B`` and the optimizer's update of the non-table variables (as ``DPOptimizer.private_step``)."""
+    def _apply_dense(self, update: PrivateUpdate, tables: list) -> tf.Operation:
+        """The optimizer's update of the non-table variables (as ``DPOptimizer.private_step``)."""
         opt = self.optimizer
-        pairs = [(g * (1.0 / denominator), v) for v, g, t in zip(variables, noised.grads, clipped.is_table)
-                 if not t and g is not None]
-        updates = [opt.last_embedding_values.assign(noised.embedding_values)]
-        if clipped.norms is not None:
-            fraction = tf.reduce_mean(tf.cast(clipped.norms > self.mechanism.l2_norm_clip, tf.float32))
-            updates.append(opt.last_clipped_fraction.assign(fraction))
-        with tf.control_dependencies(updates), opt.privatized():
+        table_refs = {t.ref() for t in tables}
+        pairs = [(g, v) for g, v in update.pairs if v.ref() not in table_refs]
+        with tf.control_dependencies(update.assign_metrics(opt.last_embedding_values, opt.last_clipped_fraction)), \
+                opt.privatized():
             if opt.dense_optimizer is None:
                 return opt.apply_gradients(pairs)
             dense_op = opt.dense_optimizer.apply_gradients(pairs)
@@ -213,10 +205,10 @@ class TPUPrivateStep:
         return self._step(features, labels, next_features)
 
 
-def _scaled(rows, inverse_batch: tf.Tensor, rate: tf.Tensor):
-    """``rows * (1/B) * eta`` with the Keras path's float order (``_scale`` then SGD's ``* lr``)."""
+def _at_rate(rows, rate: tf.Tensor):
+    """``rows * eta`` (rows already ``/ B``: the Keras path's float order, ``1/B`` then SGD's ``* lr``)."""
     if rows is None:
         return None
     if isinstance(rows, tf.IndexedSlices):
-        return tf.IndexedSlices((rows.values * inverse_batch) * rate, rows.indices, rows.dense_shape)
-    return (rows * inverse_batch) * rate
+        return tf.IndexedSlices(rows.values * rate, rows.indices, rows.dense_shape)
+    return rows * rate

@@ -2,7 +2,7 @@
 
 One NaN in one example's features turned every weight into NaN: the released
 model then depends on that example alone, so no ε holds for it. The private
-step (:func:`tfdp_sparse.keras.step.private_train_step`) therefore decides,
+step (every backend, through :func:`tfdp_sparse.step.losses.record_losses`) therefore decides,
 per example and from that example alone, whether it is *finite* (every
 floating-point value of its features and label is finite, and so is its
 loss). A non-finite example's features and label are replaced by zeros
@@ -84,20 +84,6 @@ def drop_non_finite_losses(per_example_loss: tf.Tensor, keep: tf.Tensor) -> tupl
         return per_example_loss, keep  # not one loss per example: clipping refuses it by name
     keep = tf.logical_and(keep, tf.math.is_finite(per_example_loss))
     return tf.where(keep, per_example_loss, tf.zeros_like(per_example_loss)), keep
-
-
-def without_non_finite(x: Any, y: Any) -> tuple[Any, Any, tf.Tensor]:
-    """``(x, y, keep)``: the batch with the non-finite examples' floating-point values zeroed, and the mask.
-
-    The first half of the drop every step body makes (Keras, parameter servers, mirrored replicas, the TPU
-    program); inside the tape, :func:`drop_non_finite_losses` with ``keep`` makes the second.
-
-    >>> x, y, keep = without_non_finite(tf.constant([[1.0], [2.0]]), tf.constant([0.0, np.nan]))
-    >>> keep.numpy().tolist(), y.numpy().tolist()
-    ([True, False], [0.0, 0.0])
-    """
-    keep = finite_examples(x, y)
-    return zero_dropped(x, keep), zero_dropped(y, keep), keep
 
 
 def check_finite_arrays(arrays: Any, name: str = "x", chunk: int = 1 << 16) -> None:

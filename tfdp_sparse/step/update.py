@@ -3,8 +3,11 @@
 Both Keras stacks call :func:`private_update` from their optimizer's
 ``private_step`` (tf-keras: :class:`tfdp_sparse.keras.DPOptimizer`; Keras 3:
 :class:`tfdp_sparse.keras.optimizer_keras3.Keras3DPOptimizer`) and differ only
-in how they apply the pairs (their "apply" hook). Everything here works on
-``tf.Variable`` and tensors.
+in how they apply the pairs (their "apply" hook); parameter servers go
+through ``DPOptimizer``'s. Backends that clip elsewhere call
+:func:`noised_update` on their clipped sums: mirrored replicas (the global
+batch's aggregate) and the TPU program (sums from activation gradients).
+Everything here works on ``tf.Variable`` and tensors.
 
 Example::
 
@@ -21,9 +24,9 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping.clip import clip_gradients
+from tfdp_sparse.clipping.clip import ClippedGradients, clip_gradients
 from tfdp_sparse.clipping.taps import Tap
-from tfdp_sparse.clipping.user_norms import UserClipping
+from tfdp_sparse.clipping.user_norms import UserClipping, UserSegments
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
 
@@ -84,6 +87,17 @@ class PrivateUpdate:
     embedding_values: tf.Tensor
     clipped_fraction: Optional[tf.Tensor]
 
+    def assign_metrics(self, embedding_values: tf.Variable, clipped_fraction: tf.Variable) -> list:
+        """Ops writing this update's :attr:`embedding_values` and :attr:`clipped_fraction` into the optimizer's metrics.
+
+        Example: ``with tf.control_dependencies(update.assign_metrics(opt.last_embedding_values,
+        opt.last_clipped_fraction)): ...apply...``
+        """
+        ops = [embedding_values.assign(self.embedding_values)]
+        if self.clipped_fraction is not None:
+            ops.append(clipped_fraction.assign(self.clipped_fraction))
+        return ops
+
     def split_pairs(self, variables: Sequence[tf.Variable]) -> tuple[list, list]:
         """``(table pairs, other pairs)`` of :attr:`pairs`, each in step order.
 
@@ -100,24 +114,43 @@ def private_update(mechanism: Mechanism, expected_batch_size: Optional[int], per
                    regularization_grads: Optional[Sequence] = None, predraw_dense: bool = False,
                    users: Optional[UserClipping] = None,
                    context: Optional[StepContext] = None) -> PrivateUpdate:
-    """Clip per example (one backward pass), noise with ``mechanism``, divide by ``B``, pair with ``variables``.
+    """Clip per example (one backward pass), then :func:`noised_update`.
 
-    ``expected_batch_size`` ``None`` divides by the batch's actual size (non-private runs only).
-    ``regularization_grads`` (aligned with ``variables``) are added after the scaling, unclipped.
-    ``predraw_dense``: draw dense noise before the rule runs (:meth:`Mechanism.privatize`).
     ``users`` (user level): clip each user's summed gradient instead of each example's.
-    ``context``: the optimizer's :class:`StepContext` of this step, handed to the rule.
+    The other arguments are :func:`noised_update`'s.
 
     Example: with DP-SGD at σ=0, C large and B=2, a batch of two examples gives pairs
     ``(sum_i g_i / 2, v)``, i.e. the plain mean gradient.
     """
     clipped = clip_gradients(per_example_loss, tape, variables, recorded, mechanism.l2_norm_clip, users=users)
     check_recorded(clipped.grads, variables)
+    return noised_update(mechanism, clipped, variables, expected_batch_size, regularization_grads,
+                         predraw_dense=predraw_dense, users=None if users is None else users.segments,
+                         context=context)
+
+
+def noised_update(mechanism: Mechanism, clipped: ClippedGradients, variables: Sequence[tf.Variable],
+                  expected_batch_size: Optional[int], regularization_grads: Optional[Sequence] = None,
+                  predraw_dense: bool = False, users: Optional[UserSegments] = None,
+                  context: Optional[StepContext] = None) -> PrivateUpdate:
+    """Noise clipped sums with ``mechanism``, divide by ``B``, add the regularizers, pair with ``variables``.
+
+    The half of the step every backend shares: the Keras optimizers (through
+    :func:`private_update`), mirrored replicas (on the global batch's
+    aggregate) and the TPU program (on sums from activation gradients).
+
+    ``expected_batch_size`` ``None`` divides by the batch's actual size (non-private runs only).
+    ``regularization_grads`` (aligned with ``variables``) are added after the scaling, unclipped.
+    ``predraw_dense``: draw dense noise before the rule runs (:meth:`Mechanism.privatize`).
+    ``users``: the batch's user segments at the user level.
+    ``context``: the optimizer's :class:`StepContext` of this step, handed to the rule.
+
+    Example: DP-SGD at σ=0 on clipped sums ``[s]`` with B=4 gives ``[(s / 4, v)]``.
+    """
     # Per-example looked-up ids go to every rule (DP-AdaFEST's contribution
     # map uses them; unused, their ops are pruned from the traced step).
     noised = mechanism.privatize(clipped.grads, variables, clipped.is_table, lookups=clipped.lookups,
-                                 predraw_dense=predraw_dense, users=None if users is None else users.segments,
-                                 context=context)
+                                 predraw_dense=predraw_dense, users=users, context=context)
     if expected_batch_size is not None:
         denominator = tf.constant(float(expected_batch_size))
     else:

@@ -34,13 +34,18 @@ class StepAccounting:
     not_private: Optional[str]
     delta: float
     accountant: str
+    #: per step, the probability that a fixed-shape batch truncated its Poisson draw (0 without a fixed shape):
+    #: charged to δ (:mod:`tfdp_sparse.accounting.truncation`).
+    truncation_probability: float = 0.0
 
     def charge(self, ledger: PrivacyLedger, num_steps: int = 1) -> None:
-        """Records ``num_steps`` executed steps."""
+        """Records ``num_steps`` executed steps (and their truncation probability, if any)."""
         if self.event is not None:
             ledger.record_step(self.event, num_steps)
         else:
             ledger.record_not_private(self.not_private, num_steps)
+        if self.truncation_probability > 0.0 and num_steps:
+            ledger.record_truncation(self.truncation_probability, num_steps)
 
     def epsilon(self, ledger: PrivacyLedger) -> Optional[float]:
         """ε of ``ledger`` at this δ, or ``None`` when the run has no guarantee."""

@@ -153,12 +153,9 @@ def static_batch_size(num_examples: int, sampling_rate: float, steps: int, delta
 
 
 def _truncation_share(epsilon: float, mass: float, delta: float) -> float:
+    """``(1 + e^ε)·mass``, or ``inf`` when it reaches ``delta`` (no ε holds at this δ)."""
     share = _one_plus_exp(epsilon) * mass
-    if share >= delta:
-        raise ValueError(
-            f"truncation_mass={mass!r} is too large for delta={delta!r}: at epsilon={epsilon:.6g} truncation alone "
-            f"would take delta share (1 + e^epsilon)·mass = {share:.3g} >= delta; raise the fixed batch size")
-    return share
+    return math.inf if share >= delta else share
 
 
 def epsilon_with_truncation(epsilon_at: Callable[[float], float], delta: float,
@@ -171,10 +168,10 @@ def epsilon_with_truncation(epsilon_at: Callable[[float], float], delta: float,
     relative). Iteration: ``ε_0 = epsilon_at(δ − 2p)``, ``ε_{k+1} =
     epsilon_at(δ − (1 + e^{ε_k})·p)``; the sequence is nondecreasing and
     ``ε_k`` is valid once it stops increasing. ``p = 0`` returns
-    ``(epsilon_at(delta), 0.0)`` after one call; an infinite ε (no guarantee)
-    returns ``(inf, inf)``.
-
-    Raises ValueError when the share would reach ``delta`` (raise ``P``).
+    ``(epsilon_at(delta), 0.0)`` after one call. No finite guarantee returns
+    ``(inf, inf)``: an infinite ε, or a share that would reach ``delta``
+    (truncation too likely for this δ at this ε: raise ``P``); a budget then
+    stops the run, and the report shows ε = inf rather than failing.
 
     >>> eps, share = epsilon_with_truncation(lambda d: math.log(1 / d) / 10, 1e-5, 1e-8)
     >>> round(eps, 6), f"{share:.4e}", round(math.log(1 / 1e-5) / 10, 6)
@@ -186,19 +183,21 @@ def epsilon_with_truncation(epsilon_at: Callable[[float], float], delta: float,
     mass = _check_nonnegative("truncation_mass", truncation_mass)
     if mass == 0.0:
         return float(epsilon_at(delta)), 0.0
-    current = float(epsilon_at(delta - _truncation_share(0.0, mass, delta)))
+    first = _truncation_share(0.0, mass, delta)
+    if math.isinf(first):
+        return math.inf, math.inf
+    current = float(epsilon_at(delta - first))
     for _ in range(_MAX_ITERATIONS):
-        if math.isinf(current):
-            return math.inf, math.inf  # no finite guarantee: ε (and its share) unbounded
         share = _truncation_share(current, mass, delta)
+        if math.isinf(current) or math.isinf(share):
+            return math.inf, math.inf  # no finite guarantee: ε (and its share) unbounded
         following = float(epsilon_at(delta - share))
         if following <= current:
             return current, share  # exactly valid: epsilon_at(delta - share) <= current
         if following - current <= _EPSILON_REL_TOL * current:
             return following, _truncation_share(following, mass, delta)
         current = following
-    raise ValueError(f"the epsilon iteration for truncation_mass={mass!r} at delta={delta!r} did not converge in "
-                     f"{_MAX_ITERATIONS} steps: the truncation share is too close to delta; raise the fixed batch size")
+    return math.inf, math.inf  # no convergence: the share is too close to delta for any finite ε
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping.taps import EmbeddingTap
 from tfdp_sparse.clipping.user_norms import UserSegments
+from tfdp_sparse.xla import keep_valid
 
 
 def _stack(tap_list: Sequence[EmbeddingTap], grads: Sequence[tf.Tensor]):
@@ -72,8 +73,7 @@ def _owner_squared_norms(ids: tf.Tensor, delta: tf.Tensor, vocab: int, owner: tf
     vocab = tf.constant(vocab, tf.int64)
     valid = ids >= 0
     example_owner = tf.broadcast_to(owner[:, tf.newaxis], tf.shape(ids, out_type=tf.int64))
-    keys = tf.boolean_mask(example_owner * vocab + ids, valid)
-    values = tf.boolean_mask(delta, valid)
+    keys, values = keep_valid(valid, example_owner * vocab + ids, delta)
     unique_keys, position = tf.unique(keys)
     per_row = tf.math.unsorted_segment_sum(values, position, tf.size(unique_keys))
     per_row_sq = tf.reduce_sum(tf.square(per_row), axis=1)
@@ -96,9 +96,5 @@ def clipped_gradient(
     flat_values = tf.reshape(weighted, [-1, dim])
     if any(not isinstance(t.ids, tf.Tensor) or t.ids.dtype != tf.int64 for t in tap_list):
         raise TypeError("embedding taps must carry int64 ids")
-    valid = flat_ids >= 0
-    return tf.IndexedSlices(
-        values=tf.boolean_mask(flat_values, valid),
-        indices=tf.boolean_mask(flat_ids, valid),
-        dense_shape=tf.constant(table.shape.as_list(), tf.int64),
-    )
+    indices, values = keep_valid(flat_ids >= 0, flat_ids, flat_values)
+    return tf.IndexedSlices(values=values, indices=indices, dense_shape=tf.constant(table.shape.as_list(), tf.int64))

@@ -299,6 +299,22 @@ class TapRecorder:
         """Forgets the taps of the current graph (e.g. before a step, after an aborted one)."""
         self.take()
 
+    def drop_examples(self, keep: tf.Tensor) -> None:
+        """Marks the lookups of the examples not in ``keep`` (``[B]`` bool) as padding, in the current graph's taps.
+
+        A padded slot of a fixed-shape batch is looked up in the forward pass
+        (its ids are zeros) but must touch no row of the update, count in no
+        contribution map and cost nothing: its ids become ``-1`` (padding) in
+        every batch-major :class:`EmbeddingTap`. Taps of another leading size
+        (a catalogue read shared by the batch) are left as they are.
+
+        Example: ids ``[[3], [0]]`` with ``keep = [True, False]`` become ``[[3], [-1]]``.
+        """
+        graph = tf.compat.v1.get_default_graph()
+        with self._lock:
+            taps = self._taps.get(graph, [])
+            self._taps[graph] = [_drop_lookups(t, keep) if isinstance(t, EmbeddingTap) else t for t in taps]
+
     def is_active(self) -> bool:
         """True when :meth:`record` would keep a tap (a tape records and not :meth:`paused`)."""
         return is_recording() and self._paused.depth == 0
@@ -312,3 +328,12 @@ class TapRecorder:
             yield
         finally:
             self._paused.depth = depth
+
+
+def _drop_lookups(tap: EmbeddingTap, keep: tf.Tensor) -> EmbeddingTap:
+    """``tap`` with the ids of the examples not in ``keep`` set to ``-1`` (when its leading size is the batch's)."""
+    rows, size = tap.ids.shape[0], keep.shape[0]
+    if rows is not None and size is not None and rows != size:
+        return tap
+    ids = tf.where(tf.reshape(keep, [-1, 1]), tap.ids, tf.constant(-1, tap.ids.dtype))
+    return dataclasses.replace(tap, ids=ids)

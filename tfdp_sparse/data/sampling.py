@@ -59,6 +59,7 @@ __all__ = [
     "PoissonSampler",
     "SAMPLING_MODES",
     "StaticPoissonSampler",
+    "static_batch_dataset",
     "TRUNCATION_STREAM",
     "bernoulli_positions",
     "pad_to_static",
@@ -464,3 +465,47 @@ def poisson_batch_dataset(
                                    NoiseSource.secure(), gather)
     """
     return sampled_batch_dataset(PoissonSampler(examples, sampling_rate, noise), gather, num_steps, **kwargs)
+
+
+def _padded_rows(a: np.ndarray, size: int) -> np.ndarray:
+    """``a`` with zero rows appended up to ``size`` rows (padding slots: zeros, never another example's values)."""
+    a = np.asarray(a)
+    pad = np.zeros((size - a.shape[0],) + a.shape[1:], dtype=a.dtype)
+    return np.concatenate([a, pad], axis=0)
+
+
+def static_batch_dataset(sampler: StaticPoissonSampler, gather: Callable[[np.ndarray], Any], num_steps: int,
+                         *, first_step: int = 0, prefetch: int = 2):
+    """A ``tf.data.Dataset`` of ``(batch, mask)`` of a fixed shape: each Poisson batch padded to ``sampler.size``.
+
+    ``batch`` is ``gather`` of the step's real indices with zero rows appended
+    (a padding slot holds zeros, never another example's values); ``mask`` is
+    ``[size]`` float32, 1.0 on real slots. Every element has the same shape,
+    so a compiled step (XLA, a TPU program) is compiled once. Truncated steps
+    are counted on ``sampler.truncated_steps``; their probability is charged
+    to δ (:mod:`tfdp_sparse.accounting.truncation`).
+
+    Example::
+
+        sampler = StaticPoissonSampler(60_000, 256 / 60_000, NoiseSource.secure(), size=330)
+        ds = static_batch_dataset(sampler, ArrayGather((x, y)), 1000)   # ((x, y) [330, ...], mask [330])
+    """
+    import tensorflow as tf
+
+    if not _is_int(num_steps) or num_steps < 0:
+        raise ValueError(f"num_steps={num_steps!r} must be an integer >= 0")
+    size = sampler.size
+    signature = tf.nest.map_structure(lambda spec: tf.TensorSpec((size,) + tuple(spec.shape[1:]), spec.dtype),
+                                      _signature_of(gather))
+
+    def generate() -> Iterator:
+        for step in range(int(first_step), int(first_step) + int(num_steps)):
+            padded, mask = sampler.indices(step)
+            real = padded[mask > 0]
+            batch = gather(real)
+            _check_batch(batch, real.size, step)
+            yield _map_arrays(lambda a: _padded_rows(a, size), batch), mask
+
+    dataset = tf.data.Dataset.from_generator(
+        generate, output_signature=(signature, tf.TensorSpec((size,), tf.float32)))
+    return dataset.prefetch(prefetch) if prefetch else dataset

@@ -13,6 +13,7 @@ import math
 import numbers
 from typing import Optional
 
+from tfdp_sparse.accounting.truncation import StaticBatchPlan, static_batch_size
 from tfdp_sparse.accounting.validation import default_delta, validate_delta
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
@@ -31,6 +32,11 @@ RAW_METRICS_RELEASE = ("training loss and metrics of the private batches, un-noi
 #: The ``outside_guarantee`` entry of a ``fit`` given ``validation_data``.
 VALIDATION_RELEASE = ("validation loss and metrics (validation_data): exact, not covered by epsilon; private only "
                       "if the validation examples are public or held out of every release")
+
+#: ``static_batch=True`` sizes the fixed batch so that truncation costs at most this fraction of δ ...
+STATIC_DELTA_FRACTION = 1e-3
+#: ... at the target ε, or at this ε without a target (the ledger charges the exact share at the run's ε).
+SIZING_EPSILON = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +63,11 @@ class PrivateFitConfig:
         un-noised training loss and metrics, an explicit release outside the guarantee, named in
         ``report()["outside_guarantee"]`` (a canary's large loss was detected at TPR 70-90 % at
         FPR 0 from ``History["loss"]``, issue 31).
+      static_batch: ``False`` (default: each batch has its Poisson size), ``True`` (pad every batch to
+        one fixed size, chosen so that truncating a larger draw costs at most
+        :data:`STATIC_DELTA_FRACTION` of δ, sized at the target ε or :data:`SIZING_EPSILON`) or that
+        fixed size (an int ``>= batch_size``). A fixed shape is what XLA (``compile(jit_compile=True)``)
+        and TPUs need: one compilation for the run. The truncation's δ share is in the ledger.
     """
 
     num_examples: int
@@ -71,6 +82,7 @@ class PrivateFitConfig:
     privacy_unit: PrivacyUnitConfig = PrivacyUnitConfig()
     num_users: Optional[int] = None
     training_metrics: str = "none"
+    static_batch: object = False
 
     def __post_init__(self):
         _positive_int("num_examples", self.num_examples)
@@ -95,11 +107,39 @@ class PrivateFitConfig:
                                                         and self.allow_coupled_loss.strip()):
             raise ValueError("allow_coupled_loss must be None or a non-empty reason (it is printed as why the run "
                              f"is not private), got {self.allow_coupled_loss!r}")
+        self._check_static_batch()
         if self.training_metrics not in TRAINING_METRICS:
             raise ValueError(f"training_metrics must be one of {TRAINING_METRICS}, got {self.training_metrics!r}")
         if isinstance(self.learning_rate, numbers.Real) and not (math.isfinite(self.learning_rate)
                                                                  and self.learning_rate > 0):
             raise ValueError(f"learning_rate must be a finite number > 0 or a schedule, got {self.learning_rate!r}")
+
+    def _check_static_batch(self) -> None:
+        if isinstance(self.static_batch, bool):
+            fixed = self.static_batch
+        elif isinstance(self.static_batch, numbers.Integral) and self.static_batch >= self.batch_size:
+            fixed = True
+        else:
+            raise ValueError(f"static_batch must be True, False or a fixed size >= batch_size={self.batch_size}, got "
+                             f"{self.static_batch!r} (below the expected batch most steps would truncate)")
+        if fixed and self.privacy_unit.is_user_level:
+            raise ValueError("static_batch is for the example level: a user-level batch holds up to k examples per "
+                             "sampled user, whose fixed shape is not implemented; train with static_batch=False")
+
+    def static_plan(self) -> Optional[StaticBatchPlan]:
+        """The fixed batch shape of the run (``None`` without ``static_batch``); see :attr:`static_batch`.
+
+        Example: ``PrivateFitConfig(20000, 256, steps=800, delta=1e-5, target_epsilon=1.0,
+        static_batch=True).static_plan().size == 372``.
+        """
+        if self.static_batch is False:
+            return None
+        size = self.static_batch
+        if size is True:
+            epsilon = self.target_epsilon if self.target_epsilon is not None else SIZING_EPSILON
+            size = static_batch_size(self.num_units, self.sampling_rate, self.total_steps, self.resolved_delta,
+                                     epsilon, STATIC_DELTA_FRACTION)
+        return StaticBatchPlan(self.num_units, self.sampling_rate, int(size), self.total_steps)
 
     def _check_unit(self) -> None:
         if not isinstance(self.privacy_unit, PrivacyUnitConfig):

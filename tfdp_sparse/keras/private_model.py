@@ -37,7 +37,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
-from tfdp_sparse.data.sampling import PoissonSampler, sampled_batch_dataset
+from tfdp_sparse.accounting.truncation import StaticBatchPlan
+from tfdp_sparse.data.sampling import PoissonSampler, StaticPoissonSampler, sampled_batch_dataset, static_batch_dataset
 from tfdp_sparse.keras.coupling import CouplingCheck, check_no_coupling, owner_of
 from tfdp_sparse.keras.fit_inputs import (  # noqa: F401  (IndexedSource: the documented source type)
     IndexedSource, as_tuples, gather_of, refuse_fit_arguments, refuse_weights)
@@ -87,6 +88,7 @@ class PrivateModel(tf.keras.Model):
         self._tfrs = _is_tfrs_model(model)
         self._outside = outside_guarantee
         self.training_plan: Optional[TrainingPlan] = None  # set by make_private when its planner chose B and T
+        self.static_plan: Optional[StaticBatchPlan] = config.static_plan()  # fixed-shape batches, or None
         # exact statistics this run has shown (raw training metrics, validation metrics): named in report()
         self._released: list[str] = [RAW_METRICS_RELEASE] if config.training_metrics == "raw" else []
         self._loss_tracker = tf.keras.metrics.Mean(name="loss")
@@ -120,6 +122,10 @@ class PrivateModel(tf.keras.Model):
         if loss is not None:
             # a new loss: a new key, checked for coupling again before the next step
             self._per_example = per_example_loss_fn(loss, loss_weights)
+        if kwargs.get("jit_compile") and self.static_plan is None:
+            log.warning("compile(jit_compile=True) with Poisson batches: XLA compiles the step again for every new "
+                        "batch size (tens of compilations); make_private(static_batch=True) pads every batch to one "
+                        "shape, compiled once")
         super().compile(optimizer=self.dp_optimizer, metrics=metrics, **kwargs)
 
     @property
@@ -135,16 +141,21 @@ class PrivateModel(tf.keras.Model):
 
     def train_step(self, data):
         users = None
+        mask = None
         if self.config.privacy_unit.is_user_level:  # (x, y, user ids) from the user-level sampler
             x, y, user_ids = data
             users = self.config.privacy_unit.clipping(UserSegments.from_user_ids(user_ids))
+        elif self.static_plan is not None:  # (x, y, mask): a Poisson batch padded to the fixed shape
+            x, y, mask = data
         else:
             x, y, weights = tf.keras.utils.unpack_x_y_sample_weight(data)
             refuse_weights(weights)
         forward = lambda bx, by: self._per_example_loss(bx, by, training=True)  # noqa: E731
-        predictions, per_example, step = private_train_step(self.model, forward, self.dp_optimizer, x, y, users)
+        predictions, per_example, step = private_train_step(self.model, forward, self.dp_optimizer, x, y, users,
+                                                            example_mask=mask)
+        examples = tf.shape(per_example)[0] if mask is None else tf.cast(tf.reduce_sum(mask), tf.int32)
         with tf.control_dependencies([step]):
-            counted = self.privacy_state.count_step(tf.shape(per_example)[0])
+            counted = self.privacy_state.count_step(examples)
         with tf.control_dependencies(counted):
             if self.config.training_metrics == "raw":
                 return self._metric_results(y, predictions, per_example)
@@ -260,7 +271,13 @@ class PrivateModel(tf.keras.Model):
             sampler = UserPoissonSampler(batch_gather.offsets, self.config.batch_size, unit.max_examples_per_user,
                                          noise)
         self._check_coupling(gather, pairs, self._expected_examples(batch_gather if unit.is_user_level else None))
-        return sampled_batch_dataset(sampler, batch_gather, num_steps)
+        if self.static_plan is None:
+            return sampled_batch_dataset(sampler, batch_gather, num_steps)
+        if not pairs:
+            raise ValueError("static_batch needs labelled data (x and y, or an indexed source of (x, y) pairs)")
+        static = StaticPoissonSampler(self.config.num_examples, self.config.sampling_rate, noise,
+                                      size=self.static_plan.size)
+        return static_batch_dataset(static, gather, num_steps).map(lambda xy, mask: (*xy, mask))
 
     def _expected_examples(self, users: Optional[UserGather]) -> float:
         """Expected examples per Poisson batch: ``B`` (examples), or ``q · Σ_u min(n_u, k)`` (users)."""
@@ -359,6 +376,11 @@ class PrivateModel(tf.keras.Model):
             out["training_users"] = self.config.num_users
         if self.training_plan is not None:
             out["planner"] = self.training_plan.describe()
+        if self.static_plan is not None:
+            out["static_batch"] = {"size": self.static_plan.size,
+                                   "truncation_probability_per_step": self.static_plan.truncation_probability,
+                                   "truncation_delta_share": ledger.truncation_delta_share(
+                                       self._charge.delta, self._charge.step.accountant) if ledger.is_private else None}
         if reasons:
             out["not_private_reasons"] = reasons
         return out

@@ -54,7 +54,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                  dense_optimizer=None, registry: Optional[LayerRegistry] = None, accountant: str = "pld",
                  pre_training: Sequence[PreTrainingRelease] = (), selection_counts: Optional[SelectionCounts] = None,
                  privacy_unit: PrivacyUnitConfig = PrivacyUnitConfig(), num_users: Optional[int] = None,
-                 training_metrics: str = "none", loss_weights=None) -> PrivateModel:
+                 training_metrics: str = "none", loss_weights=None, static_batch=False) -> PrivateModel:
     """Wraps a built ``model`` for private training (see module doc); returns the :class:`PrivateModel`.
 
     The setup (δ, σ, mechanism, optimizer, ledger) is :func:`~tfdp_sparse.keras.private_setup.prepare_private`,
@@ -79,6 +79,8 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
         (DP-FEST / DP-AdaFEST+ with ``selection_epsilon``); at the user level counts of distinct users
         per row, wrapped: ``UserSelectionCounts(lambda: user_counts(ids, user_ids, vocab_sizes))``
         (:mod:`tfdp_sparse.selection.counts`; anything else is refused).
+      static_batch: ``True`` or a size: every batch padded to one fixed shape (XLA, TPUs), the
+        probability of truncating a larger Poisson draw charged to δ (:class:`PrivateFitConfig`).
       privacy_unit, num_users: the unit the guarantee protects; at the user level
         (``PrivacyUnitConfig.user(k)``) ``batch_size`` is the expected number of users per step,
         ``fit`` samples users and takes ``user_ids``, and each user's summed gradient is clipped to C.
@@ -100,7 +102,8 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
     config = PrivateFitConfig(num_examples=num_examples, batch_size=batch_size, learning_rate=learning_rate,
                               epochs=epochs, steps=steps, delta=delta, target_epsilon=target_epsilon,
                               allow_coupled_loss=allow_coupled_loss, noise_seed=noise_seed,
-                              privacy_unit=privacy_unit, num_users=num_users, training_metrics=training_metrics)
+                              privacy_unit=privacy_unit, num_users=num_users, training_metrics=training_metrics,
+                              static_batch=static_batch)
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"make_private needs a tf.keras Model, got {type(model).__name__}")
     built_layers = [m for m in sublayers(model) if m.built]
@@ -115,7 +118,14 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                            table_optimizer=table_optimizer, dense_optimizer=dense_optimizer, registry=registry)
     shape = RunShape(config.num_units, batch_size, config.total_steps, learning_rate)
     setup = prepare_private(model, settings, shape, options, mechanism)
-    charge = RunCharge(setup.accounting, setup.privacy.target_epsilon, batch_size, setup.resolved.certified_steps)
+    static = config.static_plan()
+    accounting, certified = setup.accounting, setup.resolved.certified_steps
+    if static is not None:
+        # Truncation adds to δ at the run's ε, which σ's calibration did not see: the budget is checked step by
+        # step with it (no certified shortcut), so no step overruns the target.
+        accounting = dataclasses.replace(accounting, truncation_probability=static.truncation_probability)
+        certified = None
+    charge = RunCharge(accounting, setup.privacy.target_epsilon, batch_size, certified)
     private = _model_class()(model, setup.optimizer, setup.ledger, charge, config,
                              per_example_loss_fn(loss, loss_weights), _outside_guarantee(model))
     private.training_plan = plan

@@ -30,6 +30,7 @@ from tfdp_sparse.distribute.shards import is_sharded, split_ids
 from tfdp_sparse.mechanisms.lazydp_replicas import replica_catch_up_needed
 from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, history_rows, owed_std
 from tfdp_sparse.mechanisms.tables import variable_key
+from tfdp_sparse.xla import in_xla_context
 
 try:  # private, stable across TF 2.x: tells SavedModel tracing apart from training
     from tensorflow.python.saved_model import save_context as _save_context
@@ -43,16 +44,8 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 _FLUSH_BLOCK_VALUES = 1 << 24
 
 
-def _in_xla_context() -> bool:
-    try:
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # pragma: no cover
-        return False
-    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
-
-
 def _refuse_xla() -> None:
-    if _in_xla_context():
+    if in_xla_context():
         raise ValueError(
             "LazyDP does not support jit_compile=True: catching rows up reads a data-dependent number of "
             "rows and the rate history grows, which XLA cannot compile; use jit_compile=False (a "

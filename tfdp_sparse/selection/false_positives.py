@@ -284,6 +284,13 @@ def sample_false_positives_tf(num_buckets, excluded_ids, p, seed):
     """
     import tensorflow as tf  # local: keep the numpy half importable without TF
 
+    from tfdp_sparse.xla import in_xla_context
+
+    if in_xla_context():
+        raise ValueError(
+            "DP-AdaFEST's false-positive rows (and parameter-server Poisson batches) are drawn with a Binomial "
+            "count, which XLA cannot compile: train this mechanism with jit_compile=False (a performance "
+            "setting only); DP-SGD, EANA and DP-FEST compile")
     if isinstance(num_buckets, numbers.Integral):
         _check_num_buckets(num_buckets, _MAX_BUCKETS_TF)
         if num_buckets == 0:

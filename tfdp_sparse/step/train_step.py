@@ -55,6 +55,8 @@ def private_train_step(model: tf.keras.Model, forward_loss: ForwardLoss, optimiz
     """
     optimizer.recorder().clear()
     recorded = record_losses(forward_loss, x, y, example_mask=example_mask)
+    if example_mask is not None:  # a padded slot's lookups touch no row and count in no contribution map
+        optimizer.recorder().drop_examples(tf.cast(example_mask, tf.bool))
     variables = model.trainable_variables  # after the call: it builds an unbuilt model
     reg_grads = regularization_gradients(model, variables)
     update = optimizer.private_step(recorded.losses, variables, recorded.tape, regularization_grads=reg_grads,

@@ -1,0 +1,49 @@
+"""Whether the code being traced will be compiled by XLA (``jit_compile=True``, a TPU program).
+
+Mechanisms whose draws XLA cannot compile refuse by name while tracing
+(LazyDP's catch-up, DP-AdaFEST's false-positive sampler), rather than
+failing later inside the compiler with an unnamed kernel.
+
+Example::
+
+    @tf.function(jit_compile=True)
+    def f():
+        return tf.constant(in_xla_context())   # True
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def in_xla_context() -> bool:
+    """True while tracing a function that XLA will compile."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def keep_valid(valid: tf.Tensor, ids: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(ids, values)`` of the entries where ``valid``, in a form every later ``tf.unique`` handles.
+
+    Outside XLA: ``tf.boolean_mask`` of both. Under XLA a masked tensor has a
+    dynamic size, and XLA's ``tf.unique`` on CPU reads past it (measured:
+    ``unique(boolean_mask([3, -1, 5, 3, -1, 7]))`` gave ``[3, 5, 7, 3]``), so
+    sums over unique ids came out wrong. There the shape stays static: an
+    invalid entry takes the first valid id (``-1`` if there is none) and a
+    zero value, so sums over ids, and the set of ids when one is valid, are
+    unchanged.
+
+    Example: ``valid = [True, False, True]``, ids ``[3, -1, 5]``, values
+    ``[[1], [9], [2]]`` -> ``([3, 5], [[1], [2]])``; under XLA ``([3, 3, 5], [[1], [0], [2]])``.
+    """
+    if not in_xla_context():
+        return tf.boolean_mask(ids, valid), tf.boolean_mask(values, valid)
+    rank = valid.shape.rank  # leading dimensions flattened, as boolean_mask does
+    valid, ids = tf.reshape(valid, [-1]), tf.reshape(ids, [-1])
+    values = tf.reshape(values, tf.concat([[-1], tf.shape(values)[rank:]], axis=0))
+    first = tf.argmax(tf.cast(valid, tf.int32), output_type=tf.int32)
+    filler = tf.where(tf.reduce_any(valid), tf.gather(ids, first), tf.constant(-1, ids.dtype))
+    mask = tf.reshape(valid, tf.concat([tf.shape(valid), tf.ones([tf.rank(values) - 1], tf.int32)], axis=0))
+    return tf.where(valid, ids, filler), tf.where(mask, values, tf.zeros_like(values))

@@ -25,15 +25,18 @@ from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.layers.tpu import EmbeddingBackend
 
 
-def build_step(algorithm: str, predraw: bool, settings: dict) -> Callable[[], dict]:
-    """The Keras private step of ``algorithm`` on ``settings["model"]`` with ``predraw_dense_noise=predraw``."""
+def build_step(algorithm: str, predraw: bool, settings: dict, jit_compile: bool = False) -> Callable[[], dict]:
+    """The Keras private step of ``algorithm`` on ``settings["model"]`` with ``predraw_dense_noise=predraw``.
+
+    ``jit_compile``: the step compiled by XLA (its batches have one fixed shape, so it compiles once).
+    """
     model_name, batch, seed = settings["model"], settings["batch"], settings["seed"]
     work = build_workload(model_name, settings["size"], batch, settings["dim"], seed)
     mechanism = setup_mechanism(algorithm, settings, work.model, work.counts)
     optimizer = DPOptimizer(mechanism, learning_rate=settings["learning_rate"], expected_batch_size=batch,
                             predraw_dense_noise=predraw)
     return make_step(work.model, work.loss_fn, optimizer, EmbeddingBackend.KERAS, model_name, batch, algorithm,
-                     work.batches)
+                     work.batches, jit_compile=jit_compile)
 
 
 def interleaved_times(steps: dict, rounds: int, warmup: int) -> dict:

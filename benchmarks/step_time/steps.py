@@ -65,14 +65,19 @@ def make_step(
     batch: int,
     algorithm: str,
     batches: Sequence[Batch],
+    jit_compile: bool = False,
 ) -> Callable[[], dict]:
     """A zero-argument step cycling through ``batches`` on ``backend``; returns the step's metrics.
+
+    ``jit_compile``: the Keras step compiled by XLA (the TPU program is refused with it).
 
     The TPU program is primed with the first batch; with LazyDP's look-ahead it
     also gets the next batch's features.
     """
     if backend is EmbeddingBackend.KERAS:
-        private_step = PrivateStep(model, loss_fn, optimizer)
+        private_step = PrivateStep(model, loss_fn, optimizer, jit_compile=jit_compile)
+    elif jit_compile:
+        raise ValueError("jit_compile applies to the Keras step here, not to the TPU program")
     else:
         emulated, wrap = tpu_step(model, loss_fn, optimizer, backend, model_name, batch, algorithm)
         emulated.prime(wrap(batches[0][0]))

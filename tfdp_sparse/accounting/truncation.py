@@ -234,6 +234,17 @@ class StaticBatchPlan:
         """``steps ×`` :attr:`truncation_probability`: what :meth:`PrivacyLedger.record_truncation` adds."""
         return self.steps * self.truncation_probability
 
+    @classmethod
+    def sized(cls, num_examples: int, sampling_rate: float, steps: int, delta: float, epsilon: float,
+              fraction: float = 1e-3) -> "StaticBatchPlan":
+        """The plan at :func:`static_batch_size`: the smallest size whose δ share at ``epsilon`` is ``<= fraction·delta``.
+
+        >>> StaticBatchPlan.sized(20000, 256 / 20000, 800, 1e-5, 1.0).size
+        372
+        """
+        size = static_batch_size(num_examples, sampling_rate, steps, delta, epsilon, fraction)
+        return cls(num_examples, sampling_rate, size, steps)
+
     def delta_share(self, epsilon: float) -> float:
         """δ the truncation costs at ``epsilon``: ``(1 + e^ε)·`` :attr:`truncation_mass`."""
         return delta_share(self.num_examples, self.sampling_rate, self.size, self.steps, epsilon)

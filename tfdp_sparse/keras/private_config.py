@@ -13,7 +13,7 @@ import math
 import numbers
 from typing import Optional
 
-from tfdp_sparse.accounting.truncation import StaticBatchPlan, static_batch_size
+from tfdp_sparse.accounting.truncation import StaticBatchPlan
 from tfdp_sparse.accounting.validation import default_delta, validate_delta
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
@@ -134,12 +134,11 @@ class PrivateFitConfig:
         """
         if self.static_batch is False:
             return None
-        size = self.static_batch
-        if size is True:
-            epsilon = self.target_epsilon if self.target_epsilon is not None else SIZING_EPSILON
-            size = static_batch_size(self.num_units, self.sampling_rate, self.total_steps, self.resolved_delta,
+        if self.static_batch is not True:
+            return StaticBatchPlan(self.num_units, self.sampling_rate, int(self.static_batch), self.total_steps)
+        epsilon = self.target_epsilon if self.target_epsilon is not None else SIZING_EPSILON
+        return StaticBatchPlan.sized(self.num_units, self.sampling_rate, self.total_steps, self.resolved_delta,
                                      epsilon, STATIC_DELTA_FRACTION)
-        return StaticBatchPlan(self.num_units, self.sampling_rate, int(size), self.total_steps)
 
     def _check_unit(self) -> None:
         if not isinstance(self.privacy_unit, PrivacyUnitConfig):

@@ -78,3 +78,33 @@ def test_both_paths_refuse_a_target_for_a_mechanism_without_guarantee():
     with pytest.raises(ValueError, match="target_epsilon=1.0 is meaningless for eana") as fit_error:
         make_private(_model(), privacy, num_examples=N, batch_size=B, steps=2, loss=_loss)
     assert str(trainer_error.value) == str(fit_error.value)
+
+
+def test_fixed_shape_batches_train_alike_on_both_drivers_and_as_poisson_batches():
+    """Issue 33: ``--static_batch`` (trainers) and ``static_batch=True`` (fit) pad the same Poisson batches to the
+    same size and end with the weights of the plain Poisson run; both charge the same truncation to δ."""
+    privacy = PrivacyConfig(algorithm="dpsgd", target_epsilon=2.0, l2_norm_clip=1.0)
+    x, y = _data()
+    trained, fitted, poisson = _model(), _model(), _model()
+    initial = trained.get_weights()
+    fitted.set_weights(initial)
+    poisson.set_weights(initial)
+    features = lambda a, idx: (a["ids"][idx], a["label"][idx])  # noqa: E731
+
+    static = loop_lib.PerformanceFlags(static_batch=True)
+    loop = loop_lib.LoopConfig(batch_size=B, steps=STEPS, learning_rate=0.5, noise_seed=11, log_every=100,
+                               performance=static)
+    result = loop_lib.train_privately(trained, _loss, {"ids": x, "label": y}, privacy, loop, features=features)
+    plain = loop_lib.LoopConfig(batch_size=B, steps=STEPS, learning_rate=0.5, noise_seed=11, log_every=100)
+    loop_lib.train_privately(poisson, _loss, {"ids": x, "label": y}, privacy, plain, features=features)
+
+    private = make_private(fitted, privacy, num_examples=N, batch_size=B, steps=STEPS, learning_rate=0.5,
+                           loss=_loss, noise_seed=11, static_batch=True)
+    private.compile()
+    private.fit(x, y, verbose=0)
+
+    assert result.epsilon == pytest.approx(private.epsilon(), rel=1e-9)
+    assert private.ledger.truncation_mass > 0
+    for a, b, c in zip(trained.get_weights(), fitted.get_weights(), poisson.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)

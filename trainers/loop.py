@@ -66,7 +66,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
-from tfdp_sparse.data.sampling import BatchSampler
+from tfdp_sparse.data.sampling import BatchSampler, StaticPoissonSampler
 from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.keras.private_setup import prepare_private
 from tfdp_sparse.noise_source import NoiseSource
@@ -94,6 +94,7 @@ from trainers.lib.privacy import (
     with_default_delta,
 )
 from trainers.lib.result import TrainResult, finish, mark_void
+from trainers.lib.static_batch import static_shape, with_truncation
 from trainers.lib.user_level import USER_COLUMN, UserRows, check_user_level, dense_user_ids, with_user_ids
 
 __all__ = [
@@ -185,21 +186,27 @@ def train_privately(
         ledger = checkpoint.restore(saved)
     mark_void(ledger, noise, resolved.privacy)  # before the first checkpoint: the marks outlive this run
     start = ledger.steps
-    planned, stop_reason = plan_steps(ledger, setup.accounting.event, loop, resolved)
+    static, accounting_charge = static_shape(loop, resolved, n, unit, setup.accounting)
+    budget_ledger = ledger if static is None else with_truncation(ledger, static, loop.steps - start)
+    planned, stop_reason = plan_steps(budget_ledger, accounting_charge.event, loop, resolved)
 
     features = features or default_features(arrays)
 
     def gather(idx: np.ndarray) -> tuple:
         return features(arrays, idx)
 
-    if users is None:
-        sampler = BatchSampler(resolved.privacy.sampling, n, loop.batch_size, noise)
+    if static is not None:
+        sampler = StaticPoissonSampler(n, resolved.q, noise, size=static.size)
+        signature, batches = steps_lib.static_batches(sampler, gather, start, planned)
     else:
-        sampler, gather = users, with_user_ids(gather, user_ids)
-    signature, batches = steps_lib.sampled_batches(sampler, gather, start, planned)
+        if users is None:
+            sampler = BatchSampler(resolved.privacy.sampling, n, loop.batch_size, noise)
+        else:
+            sampler, gather = users, with_user_ids(gather, user_ids)
+        signature, batches = steps_lib.sampled_batches(sampler, gather, start, planned)
     compiled, batches = steps_lib.compile_step(step_fn, signature, batches, loop)
     board = tensorboard.open_training_log(loop.tensorboard_dir, clipped=mechanism.l2_norm_clip is not None)
-    stats = steps_lib.run_steps(compiled, batches, start, planned, ledger, setup.accounting, loop, board, checkpoint)
+    stats = steps_lib.run_steps(compiled, batches, start, planned, ledger, accounting_charge, loop, board, checkpoint)
     if board is not None:
         board.close()
     mechanism.flush()

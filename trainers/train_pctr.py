@@ -143,7 +143,11 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     common_flags.define_keras_stack_flag(flag_values)
     # The shared flags are defined in common_flags: make them key flags of this trainer, so --help shows them.
     flags.adopt_module_key_flags(common_flags, flag_values)
-    flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; not with lazydp)", **fv)
+    flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; not with lazydp or adafest)",
+                         **fv)
+    flags.DEFINE_boolean("static_batch", False, "pad every Poisson batch to one fixed size, so a compiled step "
+                         "(--jit_compile) compiles once; the rare truncation of a larger draw is charged to delta "
+                         "(at most 1e-3 of it)", **fv)
     flags.DEFINE_boolean("predraw_dense_noise", False, "draw the dense layers' noise at the start of each step, "
                          "from the same secret generator, so it overlaps the forward/backward pass (speed only)", **fv)
     flags.DEFINE_boolean("compare_dpsgd_step", False, "also time dense DP-SGD steps on this model and print the "
@@ -403,7 +407,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         training_metrics=fv.training_metrics,
         performance=loop_lib.PerformanceFlags(
             jit_compile=fv.jit_compile, embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend),
-            predraw_dense_noise=fv.predraw_dense_noise),
+            predraw_dense_noise=fv.predraw_dense_noise, static_batch=fv.static_batch),
     )
     try:
         hidden = tuple(int(h) for h in fv.hidden)

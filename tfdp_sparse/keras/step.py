@@ -66,10 +66,10 @@ class PrivateStep:
         predictions = self.model(features, training=True)
         return predictions, self.loss_fn(labels, predictions)
 
-    def _run(self, features, labels, user_ids=None):
+    def _run(self, features, labels, user_ids=None, example_mask=None):
         users = None if user_ids is None else self.unit.clipping(UserSegments.from_user_ids(user_ids))
         _, per_example_loss, update = private_train_step(self.model, self._forward_loss, self.optimizer, features,
-                                                         labels, users)
+                                                         labels, users, example_mask=example_mask)
         with tf.control_dependencies([update]):
             return {
                 "loss": tf.reduce_mean(per_example_loss),
@@ -85,3 +85,15 @@ class PrivateStep:
         if user_ids is None:
             return self._step(features, labels)
         return self._step(features, labels, user_ids)
+
+    def padded(self, features, labels, example_mask) -> dict:
+        """One step on a fixed-shape batch: ``example_mask`` (``[P]``, 1 on real slots) drops the padded slots.
+
+        A padded slot contributes nothing: zero values, loss 0, and its lookups
+        are marked padding (no row touched). Example level only.
+        Example: ``step.padded(x, y, mask)`` with ``(x, y), mask`` from
+        :func:`tfdp_sparse.data.sampling.static_batch_dataset`.
+        """
+        if self.unit.is_user_level:
+            raise ValueError("PrivateStep.padded is for the example level: a user-level batch has no fixed shape yet")
+        return self._step(features, labels, None, example_mask)

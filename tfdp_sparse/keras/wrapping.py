@@ -95,6 +95,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
             if given is not None and configured is not None and given != configured:
                 raise ValueError(f"{name}={given} contradicts PrivacyConfig({name}={configured}): give it once")
         delta = delta if delta is not None else privacy.delta
+        target_epsilon = target_epsilon if target_epsilon is not None else privacy.target_epsilon
     plan = None
     if batch_size is None:
         plan = _plan(privacy, target_epsilon, delta, epochs, steps, privacy_unit, num_examples, num_users)

@@ -23,9 +23,14 @@ class PerformanceFlags:
       predraw_dense_noise: draw the dense layers' noise at the start of the
         rule's work, from the same generator, so it overlaps forward/backward
         (off by default: not yet shown faster on a quiet machine).
+      static_batch: pad every Poisson batch to one fixed size (the smallest
+        whose truncation costs at most 10⁻³ δ; the truncation probability is
+        charged to δ in the ledger), so a compiled step (XLA) compiles once;
+        example level and the Keras backend only.
     """
 
     jit_compile: bool = False
+    static_batch: bool = False
     embedding_backend: EmbeddingBackend = EmbeddingBackend.KERAS
     #: draw dense-layer noise before the rule runs (``DPOptimizer(predraw_dense_noise=...)``).
     predraw_dense_noise: bool = False

@@ -58,6 +58,24 @@ def sampled_batches(sampler: sampling.IndexSampler, gather: Callable, start: int
     return list(input_specs), steps()
 
 
+def static_batches(sampler: sampling.StaticPoissonSampler, gather: Callable, start: int,
+                   stop: int) -> tuple[list, Iterator[tuple]]:
+    """As :func:`sampled_batches` for fixed-shape batches: inputs ``(x, y, mask)`` of ``sampler.size`` slots.
+
+    The batch size of each item is the number of real examples (the mask's sum).
+    Example: ``next(static_batches(sampler, gather, 0, 10)[1])`` is ``(0, 251, (x, y, mask))`` with ``[P, ...]``
+    arrays.
+    """
+    dataset = sampling.static_batch_dataset(sampler, gather, stop - start, first_step=start)
+    (x_spec, y_spec), mask_spec = dataset.element_spec
+
+    def steps() -> Iterator[tuple]:
+        for step, ((x, y), mask) in zip(range(start, stop), dataset):
+            yield step, int(tf.reduce_sum(mask)), (x, y, mask)
+
+    return [x_spec, y_spec, mask_spec], steps()
+
+
 def make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_split: Optional[Callable],
               unit: PrivacyUnitConfig = PrivacyUnitConfig()):
     """``PrivateStep`` for the Keras backend (at ``unit``), else the TPU program (:mod:`tfdp_sparse.layers.tpu`).
@@ -87,9 +105,13 @@ def _flush_board(board: Optional[tensorboard.TrainingLog], step: int, epsilon: O
 
 
 def compile_step(step_fn, signature: list, batches: Iterator[tuple], loop: LoopConfig) -> tuple[Callable, Iterator]:
-    """``(compiled step, batches)``: a traced Keras step, or the TPU program's driver (look-ahead)."""
+    """``(compiled step, batches)``: a traced Keras step, or the TPU program's driver (look-ahead).
+
+    With ``loop.performance.static_batch`` the Keras step is :meth:`PrivateStep.padded` (inputs ``(x, y, mask)``).
+    """
     if loop.performance.embedding_backend is EmbeddingBackend.KERAS:
-        return tf.function(step_fn.__call__, input_signature=signature, autograph=False), batches
+        call = step_fn.padded if loop.performance.static_batch else step_fn.__call__
+        return tf.function(call, input_signature=signature, autograph=False), batches
     from tfdp_sparse.layers.tpu.train_step import loop_driver
 
     flat = ((step, size, x, y) for step, size, (x, y) in batches)  # the driver's items: (step, size, x, y)

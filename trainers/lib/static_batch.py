@@ -1,0 +1,65 @@
+"""The trainers' fixed-shape batches (``--static_batch``): the shape, its δ charge and the budget that sees it.
+
+``make_private(static_batch=True)`` and the trainers choose the same size
+(:meth:`tfdp_sparse.accounting.truncation.StaticBatchPlan.sized` at the run's
+target ε, or ε = 10 without one, for at most 10⁻³ of δ) and charge the same
+truncation probability per executed step
+(:class:`~tfdp_sparse.accounting.step_accounting.StepAccounting`). The budget
+is planned on a ledger that already holds the truncation of every planned
+step, so no step overruns the target because of it.
+
+Example::
+
+    static, charge = static_shape(loop, resolved, n, unit, setup.accounting)   # (None, charge) when off
+    planned, why = plan_steps(with_truncation(ledger, static, loop.steps), charge.event, loop, resolved)
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional
+
+from tfdp_sparse.accounting.ledger import PrivacyLedger
+from tfdp_sparse.accounting.step_accounting import StepAccounting
+from tfdp_sparse.accounting.truncation import StaticBatchPlan
+from tfdp_sparse.keras.private_config import SIZING_EPSILON, STATIC_DELTA_FRACTION
+from tfdp_sparse.keras.private_setup import ResolvedPrivacy
+from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
+from trainers.lib.config import LoopConfig
+
+log = logging.getLogger("tfdp_sparse.train")
+
+
+def static_shape(loop: LoopConfig, resolved: ResolvedPrivacy, num_units: int, unit: PrivacyUnitConfig,
+                 charge: StepAccounting) -> tuple[Optional[StaticBatchPlan], StepAccounting]:
+    """``(plan, charge)``: the fixed shape of the run and the step charge with its truncation (``None`` when off).
+
+    Refuses, by name, what has no fixed shape yet: the user level, shuffled batches, the TPU backends.
+    """
+    if not loop.performance.static_batch:
+        return None, charge
+    refused = {"the user level": unit.is_user_level,
+               "--sampling=shuffle (fixed-size batches already)": resolved.privacy.sampling != "poisson",
+               "a TPU embedding backend": loop.performance.embedding_backend is not EmbeddingBackend.KERAS}
+    for what, present in refused.items():
+        if present:
+            raise ValueError(f"--static_batch is not supported with {what}: it pads Poisson batches of examples on "
+                             "the Keras backend")
+    epsilon = resolved.privacy.target_epsilon if resolved.privacy.target_epsilon is not None else SIZING_EPSILON
+    plan = StaticBatchPlan.sized(num_units, resolved.q, loop.steps, resolved.delta, epsilon, STATIC_DELTA_FRACTION)
+    log.info("fixed batch shape: %d slots for an expected %d (truncation probability %.3g per step, delta share "
+             "%.3g at epsilon %.3g)", plan.size, loop.batch_size, plan.truncation_probability,
+             plan.delta_share(epsilon), epsilon)
+    return plan, dataclasses.replace(charge, truncation_probability=plan.truncation_probability)
+
+
+def with_truncation(ledger: PrivacyLedger, plan: StaticBatchPlan, steps: int) -> PrivacyLedger:
+    """A copy of ``ledger`` charged the truncation of ``steps`` more steps (for planning the budget; conservative).
+
+    Example: ``with_truncation(ledger, plan, 100).truncation_mass == ledger.truncation_mass + 100 * p``.
+    """
+    probe = ledger.copy()
+    if steps > 0 and plan.truncation_probability > 0:
+        probe.record_truncation(plan.truncation_probability, steps)
+    return probe

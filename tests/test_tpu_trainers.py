@@ -44,10 +44,11 @@ PRIVACY = {
 }
 
 
-def _run(algorithm: str, backend: EmbeddingBackend, steps: int = 4) -> tp.PctrRun:
+def _run(algorithm: str, backend: EmbeddingBackend, steps: int = 4, static_batch: bool = False) -> tp.PctrRun:
     loop = loop_lib.LoopConfig(batch_size=32, steps=steps, learning_rate=0.5, seed=0, log_every=10, noise_seed=3,
                                calibrate_noise=False,
-                               performance=loop_lib.PerformanceFlags(embedding_backend=backend))
+                               performance=loop_lib.PerformanceFlags(embedding_backend=backend,
+                                                                     static_batch=static_batch))
     data = pctr_data.DataConfig(num_examples=300, num_eval_examples=200, vocab_scale=0.005, seed=0)
     return tp.PctrRun(privacy=PRIVACY[algorithm], loop=loop, data=data, hidden=(8,))
 
@@ -69,6 +70,15 @@ def test_pctr_trains_on_the_emulator(algorithm):
     """Every algorithm end to end (fast: EANA; the rest are slow-marked: each run traces the 26-table model)."""
     metrics = tp.train_and_evaluate(_run(algorithm, EmbeddingBackend.TPU_EMULATOR))
     assert metrics["steps"] == 4 and math.isfinite(metrics["auc"])
+
+
+def test_fixed_shape_run_on_the_emulator_equals_the_poisson_run_on_keras():
+    """Issue 33 item 3: ``--static_batch`` feeds the TPU program batches with no free dimension (padded, masked);
+    LazyDP's look-ahead included, the run ends as the Keras backend's on the same Poisson batches."""
+    keras = tp.train_and_evaluate(_run("lazydp", EmbeddingBackend.KERAS, steps=3))
+    emulated = tp.train_and_evaluate(_run("lazydp", EmbeddingBackend.TPU_EMULATOR, steps=3, static_batch=True))
+    assert emulated["auc"] == pytest.approx(keras["auc"], abs=1e-6)
+    assert emulated["gradient_size"] == keras["gradient_size"]  # the same rows: padded slots touch none
 
 
 @pytest.mark.slow  # two 26-table traces per run (the loop's look-ahead is also pinned fast in test_tpu_lookahead)

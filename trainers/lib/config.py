@@ -26,7 +26,8 @@ class PerformanceFlags:
       static_batch: pad every Poisson batch to one fixed size (the smallest
         whose truncation costs at most 10⁻³ δ; the truncation probability is
         charged to δ in the ledger), so a compiled step (XLA) compiles once;
-        example level and the Keras backend only.
+        example level; every embedding backend (the TPU program then has no
+        free batch dimension).
     """
 
     jit_compile: bool = False

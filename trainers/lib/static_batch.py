@@ -24,7 +24,6 @@ from tfdp_sparse.accounting.step_accounting import StepAccounting
 from tfdp_sparse.accounting.truncation import StaticBatchPlan
 from tfdp_sparse.keras.private_config import SIZING_EPSILON, STATIC_DELTA_FRACTION
 from tfdp_sparse.keras.private_setup import ResolvedPrivacy
-from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers.lib.config import LoopConfig
 
@@ -35,17 +34,15 @@ def static_shape(loop: LoopConfig, resolved: ResolvedPrivacy, num_units: int, un
                  charge: StepAccounting) -> tuple[Optional[StaticBatchPlan], StepAccounting]:
     """``(plan, charge)``: the fixed shape of the run and the step charge with its truncation (``None`` when off).
 
-    Refuses, by name, what has no fixed shape yet: the user level, shuffled batches, the TPU backends.
+    Refuses, by name, what has no fixed shape yet: the user level and shuffled batches.
     """
     if not loop.performance.static_batch:
         return None, charge
     refused = {"the user level": unit.is_user_level,
-               "--sampling=shuffle (fixed-size batches already)": resolved.privacy.sampling != "poisson",
-               "a TPU embedding backend": loop.performance.embedding_backend is not EmbeddingBackend.KERAS}
+               "--sampling=shuffle (fixed-size batches already)": resolved.privacy.sampling != "poisson"}
     for what, present in refused.items():
         if present:
-            raise ValueError(f"--static_batch is not supported with {what}: it pads Poisson batches of examples on "
-                             "the Keras backend")
+            raise ValueError(f"--static_batch is not supported with {what}: it pads Poisson batches of examples")
     epsilon = resolved.privacy.target_epsilon if resolved.privacy.target_epsilon is not None else SIZING_EPSILON
     plan = StaticBatchPlan.sized(num_units, resolved.q, loop.steps, resolved.delta, epsilon, STATIC_DELTA_FRACTION)
     log.info("fixed batch shape: %d slots for an expected %d (truncation probability %.3g per step, delta share "

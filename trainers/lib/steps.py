@@ -114,9 +114,10 @@ def compile_step(step_fn, signature: list, batches: Iterator[tuple], loop: LoopC
         return tf.function(call, input_signature=signature, autograph=False), batches
     from tfdp_sparse.layers.tpu.train_step import loop_driver
 
-    flat = ((step, size, x, y) for step, size, (x, y) in batches)  # the driver's items: (step, size, x, y)
+    # the driver's items: (step, size, x, y) or, fixed-shape, (step, size, x, y, mask)
+    flat = ((step, size, *inputs) for step, size, inputs in batches)
     call, driven = loop_driver(step_fn, signature, flat)
-    return call, ((step, size, (x, y)) for step, size, x, y in driven)
+    return call, ((step, size, tuple(inputs)) for step, size, *inputs in driven)
 
 
 @dataclasses.dataclass

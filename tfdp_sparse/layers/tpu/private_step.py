@@ -118,7 +118,7 @@ class TPUPrivateStep:
 
     # -- the step ------------------------------------------------------------
 
-    def _run(self, features, labels, next_features=None):
+    def _run(self, features, labels, next_features=None, example_mask=None, next_mask=None):
         if tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1:
             raise ValueError("TPUPrivateStep runs one replica; the mechanism must see the global batch")
         ids = self.split.ids(features)
@@ -133,17 +133,19 @@ class TPUPrivateStep:
             predictions = self.split.forward(acts, reads, x, training=True)
             return predictions, self.loss_fn(y, predictions)
 
-        recorded = record_losses(forward_loss, features, labels, watch=acts)  # non-finite examples contribute nothing
+        # non-finite examples and the padded slots of a fixed-shape batch (example_mask) contribute nothing
+        recorded = record_losses(forward_loss, features, labels, watch=acts, example_mask=example_mask)
         tables = [layer.embeddings for layer in self.split.layers]
         variables = list(self.split.model.trainable_variables)
-        clipped = clip_from_activations(recorded.losses, recorded.tape, acts, ids,
+        clipped = clip_from_activations(recorded.losses, recorded.tape, acts, _padding_dropped(ids, example_mask),
                                         [s.combiner for s in self.plan.specs], tables, variables,
                                         self._recorder.take(), self.mechanism.l2_norm_clip)
         context = self.optimizer.step_context()  # step t-1 and eta_t, before the step counter moves
         update = noised_update(self.mechanism, clipped, variables, self.optimizer.expected_batch_size,
                                context=context)  # the shared half: mechanism, 1/B
         by_table = {v.ref(): g for g, v in update.pairs if v.ref() in {t.ref() for t in tables}}
-        catch_up = self._lookahead(next_features, context) if (self.lazy and next_features is not None) else {}
+        catch_up = (self._lookahead(next_features, context, next_mask) if (self.lazy and next_features is not None)
+                    else {})
         packed = {}
         for spec, table in zip(self.plan.specs, tables):
             rows = _at_rate(by_table.get(table.ref()), context.learning_rate)
@@ -159,9 +161,12 @@ class TPUPrivateStep:
                 "update_rows": tf.add_n([tf.size(tf.unique(p[0])[0]) for p in packed.values()]),
             }
 
-    def _lookahead(self, next_features, context) -> dict:
-        """LazyDP: the catch-up owed by the rows the next batch reads, at ``k = t`` (after privatize)."""
-        next_ids = self.split.ids(next_features)
+    def _lookahead(self, next_features, context, next_mask=None) -> dict:
+        """LazyDP: the catch-up owed by the rows the next batch reads, at ``k = t`` (after privatize).
+
+        ``next_mask``: the next batch's real slots (a padded slot's stale read reaches no update: its loss is 0).
+        """
+        next_ids = _padding_dropped(self.split.ids(next_features), next_mask)
         completed = context.step + 1
         out = {}
         for spec, layer, feature_ids in zip(self.plan.specs, self.split.layers, next_ids):
@@ -184,25 +189,39 @@ class TPUPrivateStep:
 
     # -- LazyDP prologue -------------------------------------------------------
 
-    def _run_prime(self, features):
+    def _run_prime(self, features, example_mask=None):
         ids = self.split.ids(features)
         completed = self.optimizer.step_context().step
         packed = {}
-        for spec, layer, feature_ids in zip(self.plan.specs, self.split.layers, ids):
+        for spec, layer, feature_ids in zip(self.plan.specs, self.split.layers, _padding_dropped(ids, example_mask)):
             extra = lookahead.catch_up(self.mechanism, layer.embeddings, lookahead.unique_read_ids(feature_ids),
                                        completed)
             packed[spec.name] = packing.pack_rows(None, self.plan.update_slots[spec.name], spec.dim, spec.name,
                                                   extra=extra)
         self._apply_updates(ids, {n: tf.zeros([k], tf.int64) for n, k in self._read_slots.items()}, packed)
 
-    def prime(self, features: Features) -> None:
+    def prime(self, features: Features, example_mask: Optional[tf.Tensor] = None) -> None:
         """LazyDP: catches up the rows of the first batch (call once before the first step; no-op otherwise)."""
         if self.lazy:
-            self._prime(features)
+            self._prime(features, example_mask)
 
-    def __call__(self, features: Features, labels, next_features: Optional[Features] = None) -> dict:
-        """One step; LazyDP needs ``next_features`` (the next batch) except on the last step."""
-        return self._step(features, labels, next_features)
+    def __call__(self, features: Features, labels, next_features: Optional[Features] = None,
+                 example_mask: Optional[tf.Tensor] = None, next_mask: Optional[tf.Tensor] = None) -> dict:
+        """One step; LazyDP needs ``next_features`` (the next batch) except on the last step.
+
+        ``example_mask`` (``[P]``, 1 on real slots): a fixed-shape batch's padded slots contribute nothing
+        (their lookups enqueue row 0 in the forward pass but touch no row of the update); ``next_mask`` is
+        the next batch's, for LazyDP's look-ahead.
+        """
+        return self._step(features, labels, next_features, example_mask, next_mask)
+
+
+def _padding_dropped(ids: list, example_mask: Optional[tf.Tensor]) -> list:
+    """The ids the clipping sees: a padded slot's set to ``-1`` (no row of the update); unchanged without a mask."""
+    if example_mask is None:
+        return ids
+    keep = tf.reshape(tf.cast(example_mask, tf.bool), [-1, 1])
+    return [tf.where(keep, i, tf.constant(-1, i.dtype)) for i in ids]
 
 
 def _at_rate(rows, rate: tf.Tensor):

@@ -49,12 +49,12 @@ class TPUTrainStep:
         self.private_step = private_step
         self.lookahead = private_step.lazy
 
-    def prime(self, features) -> None:
+    def prime(self, features, example_mask=None) -> None:
         """Before the first step: LazyDP catches up the first batch's rows (no-op otherwise)."""
-        self.private_step.prime(features)
+        self.private_step.prime(features, example_mask)
 
-    def __call__(self, features, labels, next_features=None) -> dict:
-        metrics = dict(self.private_step(features, labels, next_features))
+    def __call__(self, features, labels, next_features=None, example_mask=None, next_mask=None) -> dict:
+        metrics = dict(self.private_step(features, labels, next_features, example_mask, next_mask))
         metrics["clipped_fraction"] = self.private_step.optimizer.last_clipped_fraction.read_value()
         return metrics
 
@@ -102,27 +102,34 @@ def loop_driver(step: TPUTrainStep, signature: list, batches) -> tuple[Callable,
     The returned iterator re-yields ``batches`` one item behind the source,
     so the next batch's features are known when ``call`` runs (LazyDP's
     look-ahead; the last step gets none), and primes the first batch before
-    yielding it. ``signature`` is ``[x_spec, y_spec]`` (free batch dimension).
+    yielding it. ``signature`` is ``[x_spec, y_spec]`` (Poisson batches: a free
+    batch dimension) or ``[x_spec, y_spec, mask_spec]`` (fixed-shape batches of
+    ``P`` slots, :func:`tfdp_sparse.data.sampling.static_batch_dataset`: no
+    free dimension, as a TPU needs); the call is then ``call(x, y, mask)``.
     """
-    x_spec, y_spec = signature
-    with_next = tf.function(step.__call__, input_signature=[x_spec, y_spec, x_spec], autograph=False)
-    alone = tf.function(lambda x, y: step(x, y), input_signature=[x_spec, y_spec], autograph=False)
-    upcoming: list = [None]
+    x_spec, y_spec, *mask_spec = signature
+    # fixed shape: (x, y, next x, mask, next mask); Poisson: (x, y, next x)
+    with_next = tf.function(lambda x, y, nx, *m: step(x, y, nx, *m),
+                            input_signature=[x_spec, y_spec, x_spec, *mask_spec, *mask_spec], autograph=False)
+    alone = tf.function(lambda x, y, *m: step(x, y, None, *m), input_signature=[x_spec, y_spec, *mask_spec],
+                        autograph=False)
+    upcoming: list = [None]  # the next item's (x, *mask)
 
     def peeked():
         source = iter(batches)
         current = next(source, None)
         if current is not None and step.lookahead:
-            step.prime(current[2])
+            step.prime(current[2], *current[4:])
         while current is not None:
             following = next(source, None)
-            upcoming[0] = None if following is None else following[2]
+            upcoming[0] = None if following is None else (following[2], *following[4:])
             yield current
             current = following
 
-    def call(x, y):
+    def call(x, y, *mask):
         if step.lookahead and upcoming[0] is not None:
-            return with_next(x, y, upcoming[0])
-        return alone(x, y)
+            next_x, *next_mask = upcoming[0]
+            return with_next(x, y, next_x, *mask, *next_mask)
+        return alone(x, y, *mask)
 
     return call, peeked()

@@ -37,6 +37,9 @@ N, B, V, STEPS = 400, 16, 60, 6
 KEPT = (tuple(range(0, V, 2)),)
 PRIVACY = {
     "dpsgd_sigma0": PrivacyConfig(algorithm="dpsgd", noise_multiplier=0.0, l2_norm_clip=0.5, accountant="rdp"),
+    "eana_sigma0": PrivacyConfig(algorithm="eana", noise_multiplier=0.0, l2_norm_clip=0.5, accountant="rdp"),
+    "dpfest_sigma0": PrivacyConfig(algorithm="dpfest", noise_multiplier=0.0, l2_norm_clip=0.5, accountant="rdp",
+                                   extra=(("kept_ids", KEPT),)),
     "dpsgd": PrivacyConfig(algorithm="dpsgd", noise_multiplier=0.5, l2_norm_clip=0.5, accountant="rdp"),
     "eana": PrivacyConfig(algorithm="eana", noise_multiplier=0.5, l2_norm_clip=0.5, accountant="rdp"),
     "dpfest": PrivacyConfig(algorithm="dpfest", noise_multiplier=0.5, l2_norm_clip=0.5, accountant="rdp",
@@ -106,10 +109,11 @@ def test_a_too_small_fixed_size_costs_epsilon_and_says_so():
     assert small.report()["epsilon"] > large.report()["epsilon"]
 
 
-def test_xla_traces_once_on_a_static_signature_and_equals_the_step_without_xla():
+@pytest.mark.parametrize("algorithm", ["dpfest_sigma0", "dpsgd_sigma0", "eana_sigma0"])
+def test_xla_traces_once_on_a_static_signature_and_equals_the_step_without_xla(algorithm):
     """At σ = 0 (XLA draws its Gaussians with other kernels: the noise law is tested below)."""
-    plain = _run("dpsgd_sigma0", static_batch=True)
-    compiled = _run("dpsgd_sigma0", static_batch=True, jit=True)
+    plain = _run(algorithm, static_batch=True)
+    compiled = _run(algorithm, static_batch=True, jit=True)
     assert compiled.train_function.experimental_get_tracing_count() == 1
     # what fit feeds the step: every element of one fully defined shape, so XLA compiles once
     sampler = StaticPoissonSampler(N, B / N, NoiseSource.reproducible(0), size=compiled.static_plan.size)

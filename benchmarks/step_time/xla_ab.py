@@ -78,7 +78,14 @@ def time_xla_pair_isolated(algorithm: str, vocab: Union[int, float], settings: d
         return in_fresh_process(time_xla_pair, algorithm, vocab, settings)
     except Exception as exc:  # noqa: BLE001 - one bad pair must not end the run
         return {"xla_ab": algorithm, "model": settings["model"], "vocab": vocab,
-                "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+                "error": f"{type(exc).__name__}: {_reason(str(exc))}"}
+
+
+def _reason(message: str) -> str:
+    """The line of an error that says why (the one naming XLA or jit_compile), else its first line."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()] or [""]
+    named = [line for line in lines if "XLA" in line or "jit_compile" in line]
+    return (named[0] if named else lines[0])[:300]
 
 
 def static_plan_line(name: str, num_examples: int, batch: int, steps: int, epsilon: Optional[float]) -> dict:

@@ -17,7 +17,7 @@ import os
 from typing import Optional
 
 from tfdp_sparse.keras import DPOptimizer, make_private
-from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
+from tfdp_sparse.step.optimizer_keras3 import Keras3DPOptimizer
 from tfdp_sparse.keras_stack import is_keras_3
 from tfdp_sparse.mechanisms.base import Mechanism
 

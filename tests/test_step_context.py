@@ -90,7 +90,7 @@ def _with_dp_optimizer(batches):
 def _without_optimizer(batches):
     """The same run with no optimizer: contexts built by hand, SGD applied by hand (as DPOptimizer's order)."""
     from tfdp_sparse.clipping.clip import clip_gradients
-    from tfdp_sparse.keras.attachment import ModelTaps
+    from tfdp_sparse.step.attachment import ModelTaps
 
     model = _model()
     mech = LazyDP.of(1.5, 1.0, seed=7)

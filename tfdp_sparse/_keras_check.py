@@ -11,7 +11,7 @@ with the fix. It only checks: nothing is patched.
 
 :mod:`tfdp_sparse.keras` and :mod:`tfdp_sparse.layers` (``DPEmbedding``) serve
 both stacks (:func:`require_keras`): on Keras 3 ``make_private`` trains with
-the Keras 3 adapter (:mod:`tfdp_sparse.keras.optimizer_keras3`).
+the Keras 3 adapter (:mod:`tfdp_sparse.step.optimizer_keras3`).
 
 Example::
 

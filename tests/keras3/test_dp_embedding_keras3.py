@@ -18,7 +18,7 @@ import tensorflow as tf
 from tfdp_sparse.clipping.registry import default_registry
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
-from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
+from tfdp_sparse.step.optimizer_keras3 import Keras3DPOptimizer
 from tfdp_sparse.layers import DPEmbedding, flush_model_tables
 from tfdp_sparse.mechanisms import build
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 from tests.test_make_private import (B, BCE, DIM, N, VOCAB, CustomStep, _ks_update, _private, data, dp,
                                      independent_epsilon, zero_gradient_model)
 from tfdp_sparse.keras import UnprivatizedUpdateError, make_private
-from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
+from tfdp_sparse.step.optimizer_keras3 import Keras3DPOptimizer
 from tfdp_sparse.keras.private_model_keras3 import Keras3PrivateModel
 from tfdp_sparse.mechanisms import build
 

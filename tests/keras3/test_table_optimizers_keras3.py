@@ -4,7 +4,7 @@ Equality with tf-keras (DP-SGD and EANA with ``TableAdagrad``, 1e-6) is in
 :mod:`tests.keras3.test_same_as_tf_keras` (``dpsgd+adagrad``, ``eana+adagrad``).
 The rule itself is shared with tf-keras (:class:`tfdp_sparse.optimizers.TableOptimizer`,
 tested against a numpy reference in :mod:`tests.test_table_optimizers`); here its
-slots are variables of :class:`~tfdp_sparse.keras.optimizer_keras3.Keras3DPOptimizer`.
+slots are variables of :class:`~tfdp_sparse.step.optimizer_keras3.Keras3DPOptimizer`.
 """
 
 from __future__ import annotations

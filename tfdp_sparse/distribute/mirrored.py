@@ -63,7 +63,7 @@ import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.clipping.clip import ClippedGradients, clip_gradients
-from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.step.losses import record_losses
 from tfdp_sparse.step.regularization import regularization_gradients
 from tfdp_sparse.step.update import PrivateUpdate, check_recorded, noised_update

@@ -12,7 +12,7 @@ require_keras()  # before the modules below touch tf.keras: no Keras at all fail
 
 
 from tfdp_sparse.keras.coupling import CoupledLossError
-from tfdp_sparse.keras.optimizer import DPOptimizer, UnprivatizedUpdateError
+from tfdp_sparse.step.optimizer import DPOptimizer, UnprivatizedUpdateError
 from tfdp_sparse.keras.private_model import PrivateModel
 from tfdp_sparse.keras.wrapping import make_private
 from tfdp_sparse.step.update import UnrecordedLossError

@@ -42,7 +42,7 @@ from tfdp_sparse.data.sampling import PoissonSampler, StaticPoissonSampler, samp
 from tfdp_sparse.keras.coupling import CouplingCheck, check_no_coupling, owner_of
 from tfdp_sparse.keras.fit_inputs import (  # noqa: F401  (IndexedSource: the documented source type)
     IndexedSource, as_tuples, gather_of, refuse_fit_arguments, refuse_weights)
-from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.keras.per_example_loss import per_example_loss_fn
 from tfdp_sparse.keras.private_config import RAW_METRICS_RELEASE, VALIDATION_RELEASE, PrivateFitConfig
 from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, RunCharge, epsilon_of, sync_ledger

@@ -42,7 +42,7 @@ from tfdp_sparse.accounting.releases import PreTrainingRelease, run_delta
 from tfdp_sparse.accounting.step_accounting import StepAccounting
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.config import PrivacyConfig
-from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.keras_stack import is_keras_3
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.calibration import calibrate, check_accountant, step_event_of
@@ -250,7 +250,7 @@ def _optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: Setup
 def _keras_3_optimizer(resolved: ResolvedPrivacy, shape: RunShape, model, options: SetupOptions,
                        mechanism: Optional[Mechanism]):
     """The Keras 3 stack's optimizer (keras-rs tables were given read hooks by :func:`prepare_private`)."""
-    from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
+    from tfdp_sparse.step.optimizer_keras3 import Keras3DPOptimizer
 
     mechanism = mechanism if mechanism is not None else mechanisms_lib.build_rule(resolved.plan, options.noise_seed)
     mechanism.bind_model(model)

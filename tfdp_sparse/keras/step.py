@@ -19,8 +19,8 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfdp_sparse.clipping.user_norms import UserClipping, UserSegments
-from tfdp_sparse.keras.optimizer import DPOptimizer
-from tfdp_sparse.keras.optimizer_keras3 import Keras3DPOptimizer
+from tfdp_sparse.step.optimizer import DPOptimizer
+from tfdp_sparse.step.optimizer_keras3 import Keras3DPOptimizer
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.step.train_step import private_train_step
 
@@ -40,7 +40,7 @@ class PrivateStep:
       model: a Keras model built from supported layers.
       loss_fn: ``loss_fn(labels, predictions) -> [B]`` per-example losses.
       optimizer: a :class:`DPOptimizer`, or on Keras 3 a
-        :class:`~tfdp_sparse.keras.optimizer_keras3.Keras3DPOptimizer` (the trainers' setup,
+        :class:`~tfdp_sparse.step.optimizer_keras3.Keras3DPOptimizer` (the trainers' setup,
         ``prepare_private``, picks the stack's); attached to ``model`` here if it is not yet.
       jit_compile: compile the step with XLA (a performance setting only).
       unit: the privacy unit; at the user level every call passes the batch's

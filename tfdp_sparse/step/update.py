@@ -2,7 +2,7 @@
 
 Both Keras stacks call :func:`private_update` from their optimizer's
 ``private_step`` (tf-keras: :class:`tfdp_sparse.keras.DPOptimizer`; Keras 3:
-:class:`tfdp_sparse.keras.optimizer_keras3.Keras3DPOptimizer`) and differ only
+:class:`tfdp_sparse.step.optimizer_keras3.Keras3DPOptimizer`) and differ only
 in how they apply the pairs (their "apply" hook); parameter servers go
 through ``DPOptimizer``'s. Backends that clip elsewhere call
 :func:`noised_update` on their clipped sums: mirrored replicas (the global

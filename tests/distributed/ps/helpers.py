@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
 from tfdp_sparse.distribute.strategy import fixed_shape_variables
-from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.layers.embedding import DPEmbedding
 
 IDS = 3

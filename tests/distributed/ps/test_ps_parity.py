@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.distribute.optimizer import ServerNoiseDPSGD
-from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.mechanisms import build
 from tfdp_sparse.step.train_step import private_train_step
 

@@ -41,7 +41,7 @@ from typing import Callable, Mapping, Optional
 
 import tensorflow as tf
 
-from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.layers.tpu import lookahead, packing
 from tfdp_sparse.layers.tpu.activation_clip import clip_from_activations
 from tfdp_sparse.layers.tpu.config import READ_SUFFIX, UPDATE_SUFFIX, Combiner, TPUEmbeddingPlan

@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Optional, Union
 
 import tensorflow as tf
 
-from tfdp_sparse.keras.optimizer import DPOptimizer
+from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend, embedding_api, has_sparsecore
 from tfdp_sparse.layers.tpu.config import build_plan
 from tfdp_sparse.layers.tpu.emulator import TPUEmbeddingEmulator

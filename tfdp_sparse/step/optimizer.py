@@ -46,7 +46,7 @@ import tensorflow as tf
 from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.clipping.taps import TapRecorder
-from tfdp_sparse.keras.attachment import ModelTaps
+from tfdp_sparse.step.attachment import ModelTaps
 from tfdp_sparse.step.update import private_update
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext

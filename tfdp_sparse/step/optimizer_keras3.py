@@ -52,8 +52,8 @@ from tfdp_sparse.clipping.coverage import own_variables
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.clipping.taps import TapRecorder
-from tfdp_sparse.keras.attachment import ModelTaps
-from tfdp_sparse.keras.optimizer import (BYPASS_MESSAGE, REFUSED_KWARGS, UnprivatizedUpdateError,
+from tfdp_sparse.step.attachment import ModelTaps
+from tfdp_sparse.step.optimizer import (BYPASS_MESSAGE, REFUSED_KWARGS, UnprivatizedUpdateError,
                                          check_expected_batch_size)
 from tfdp_sparse.step.update import private_update
 from tfdp_sparse.keras_stack import as_tf_variable, model_layers

@@ -474,7 +474,8 @@ def _padded_rows(a: np.ndarray, size: int) -> np.ndarray:
     return np.concatenate([a, pad], axis=0)
 
 
-def static_batch_dataset(sampler: StaticPoissonSampler, gather: Callable[[np.ndarray], Any], num_steps: int,
+def static_batch_dataset(sampler: "StaticPoissonSampler | StaticUserSampler", gather: Callable[[np.ndarray], Any],
+                         num_steps: int,
                          *, first_step: int = 0, prefetch: int = 2):
     """A ``tf.data.Dataset`` of ``(batch, mask)`` of a fixed shape: each Poisson batch padded to ``sampler.size``.
 

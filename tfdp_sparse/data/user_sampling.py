@@ -46,14 +46,16 @@ import numbers
 
 import numpy as np
 
-from tfdp_sparse.data.sampling import bernoulli_positions
+from tfdp_sparse.data.sampling import bernoulli_positions, uniform_distinct_positions
 from tfdp_sparse.noise_source import NoiseSource
 
-__all__ = ["USER_POISSON_STREAM", "UserBatch", "UserGrouping", "UserPoissonSampler", "group_by_user",
-           "take_at_most_k"]
+__all__ = ["USER_POISSON_STREAM", "USER_TRUNCATION_STREAM", "StaticUserSampler", "UserBatch", "UserGrouping",
+           "UserPoissonSampler", "group_by_user", "take_at_most_k"]
 
 #: Stream of the user draws in :meth:`NoiseSource.numpy_generator` (apart from example-level streams).
 USER_POISSON_STREAM = 29
+#: Stream of the users kept when a fixed-shape user batch truncates (:class:`StaticUserSampler`).
+USER_TRUNCATION_STREAM = 37
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,3 +196,45 @@ class UserPoissonSampler:
         the rows (or use :meth:`draw`).
         """
         return self.draw(step).rows
+
+
+class StaticUserSampler:
+    """User-level Poisson batches in a fixed number of example slots: ``users`` users of at most ``k`` examples.
+
+    Each step draws the batch of ``sampler`` (users by Poisson, at most ``k``
+    examples each); when more than ``users`` users are drawn, a uniformly
+    random ``users`` of them are kept with all their rows (drawn from the
+    run's noise source, stream :data:`USER_TRUNCATION_STREAM`), and the rows
+    are padded with ``-1`` to :attr:`size` ``= users · k`` slots. The
+    probability of truncating, ``Pr[Binomial(N_users + 1, q) > users]`` per
+    step, is charged to δ (:mod:`tfdp_sparse.accounting.truncation`).
+
+    Example::
+
+        sampler = StaticUserSampler(UserPoissonSampler(offsets, 64.0, 5, NoiseSource.secure()), users=96)
+        rows, mask = sampler.indices(step)     # [480] rows (-1 = padding), [480] float mask
+    """
+
+    def __init__(self, sampler: UserPoissonSampler, users: int):
+        if not isinstance(sampler, UserPoissonSampler):
+            raise TypeError(f"sampler must be a UserPoissonSampler, got {type(sampler).__name__}")
+        if isinstance(users, bool) or not isinstance(users, numbers.Integral) or users < 1:
+            raise ValueError(f"users must be a positive integer (the fixed number of users per batch), got {users!r}")
+        self.sampler, self.users = sampler, int(users)
+        self.size = self.users * sampler.max_examples_per_user
+        self.truncated_steps = 0
+
+    def indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, mask)`` of step ``step``: int64 rows padded with ``-1`` and a float32 mask, both ``[size]``."""
+        batch = self.sampler.draw(step)
+        rows = batch.rows
+        if batch.users.size > self.users:
+            rng = self.sampler.noise.numpy_generator(int(step), USER_TRUNCATION_STREAM)
+            kept = uniform_distinct_positions(rng, batch.users.size, self.users)
+            rows = rows[np.isin(batch.segments, kept)]
+            self.truncated_steps += 1
+        padded = np.full(self.size, -1, dtype=np.int64)
+        padded[: rows.size] = rows
+        mask = np.zeros(self.size, dtype=np.float32)
+        mask[: rows.size] = 1.0
+        return padded, mask

@@ -66,7 +66,8 @@ class PrivateFitConfig:
       static_batch: ``False`` (default: each batch has its Poisson size), ``True`` (pad every batch to
         one fixed size, chosen so that truncating a larger draw costs at most
         :data:`STATIC_DELTA_FRACTION` of δ, sized at the target ε or :data:`SIZING_EPSILON`) or that
-        fixed size (an int ``>= batch_size``). A fixed shape is what XLA (``compile(jit_compile=True)``)
+        fixed size (an int ``>= batch_size``). At the user level the size counts users, each given
+        ``k`` example slots. A fixed shape is what XLA (``compile(jit_compile=True)``)
         and TPUs need: one compilation for the run. The truncation's δ share is in the ledger.
     """
 
@@ -116,15 +117,10 @@ class PrivateFitConfig:
 
     def _check_static_batch(self) -> None:
         if isinstance(self.static_batch, bool):
-            fixed = self.static_batch
-        elif isinstance(self.static_batch, numbers.Integral) and self.static_batch >= self.batch_size:
-            fixed = True
-        else:
+            return
+        if not (isinstance(self.static_batch, numbers.Integral) and self.static_batch >= self.batch_size):
             raise ValueError(f"static_batch must be True, False or a fixed size >= batch_size={self.batch_size}, got "
                              f"{self.static_batch!r} (below the expected batch most steps would truncate)")
-        if fixed and self.privacy_unit.is_user_level:
-            raise ValueError("static_batch is for the example level: a user-level batch holds up to k examples per "
-                             "sampled user, whose fixed shape is not implemented; train with static_batch=False")
 
     def static_plan(self) -> Optional[StaticBatchPlan]:
         """The fixed batch shape of the run (``None`` without ``static_batch``); see :attr:`static_batch`.

@@ -28,11 +28,9 @@ import os
 import sys
 from typing import Optional, Sequence, TextIO, Union
 
-from benchmarks.step_time.cli import parse_count, parse_extra, parse_scales
-from benchmarks.step_time.alternate import build_step, interleaved_times
-from benchmarks.step_time.models import DEFAULT_BATCH
+from benchmarks.step_time.alternate import (add_grid_arguments, build_step, interleaved_times, isolated, time_grid,
+                                             vocabs_and_settings)
 from benchmarks.step_time.reporting import _emit, open_sinks
-from benchmarks.step_time.runner import in_fresh_process
 from benchmarks.step_time.timing import summarize
 from tfdp_sparse import mechanisms
 
@@ -54,11 +52,7 @@ def time_pair(algorithm: str, vocab: Union[int, float], settings: dict) -> dict:
 
 def time_pair_isolated(algorithm: str, vocab: Union[int, float], settings: dict) -> dict:
     """:func:`time_pair` in a fresh process; a pair that fails or whose process dies gives an error line."""
-    try:
-        return in_fresh_process(time_pair, algorithm, vocab, settings)
-    except Exception as exc:  # noqa: BLE001 - one bad pair must not end the run
-        return {"paired": algorithm, "model": settings["model"], "vocab": vocab,
-                "error": f"{type(exc).__name__}: {exc}"}
+    return isolated("paired", time_pair, algorithm, vocab, settings)
 
 
 def flatness_lines(lines: Sequence[dict]) -> list[dict]:
@@ -80,40 +74,16 @@ def flatness_lines(lines: Sequence[dict]) -> list[dict]:
 def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> list[dict]:
     """Command line; prints and returns every line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algorithms", default="eana,adafest,adafest_plus,lazydp,dpfest", help="comma-separated")
-    parser.add_argument("--model", default="micro", choices=("micro", "pctr"))
-    parser.add_argument("--vocab", default="1e5,1e6,1e7", help="comma-separated table sizes of the micro model")
-    parser.add_argument("--vocab_scale", default="1", help="pctr: comma-separated multipliers of the 26 Criteo "
-                        "vocabulary sizes (its lines' vocab)")
-    parser.add_argument("--rounds", type=int, default=100, help="A B B A rounds (2 timed steps of each per round)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=None, help="default: 1024 (micro), 2048 (pctr)")
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--extra", default="dpfest:kept_noise=lazy",
-                        help="mechanism knobs name=value or algorithm:name=value, comma-separated")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default=None, help="also append the lines to this file")
+    add_grid_arguments(parser, "eana,adafest,adafest_plus,lazydp,dpfest", rounds=100, warmup=5,
+                       extra="dpfest:kept_noise=lazy")
     args = parser.parse_args(argv)
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     unknown = [a for a in algorithms if a not in mechanisms.available() or a == BASELINE]
     if unknown:
         parser.error(f"--algorithms: {unknown} are not private algorithms of {mechanisms.available()}")
-    if args.rounds < 1 or args.warmup < 1:
-        parser.error("--rounds and --warmup must be at least 1")
-    if args.model == "micro":
-        vocabs: list = [parse_count(v) for v in args.vocab.split(",") if v.strip()]
-    else:
-        vocabs = parse_scales([v for v in args.vocab_scale.split(",") if v.strip()])
-    batch = args.batch if args.batch is not None else DEFAULT_BATCH[args.model]
-    settings = {"model": args.model, "batch": batch, "dim": args.dim, "seed": args.seed, "rounds": args.rounds,
-                "warmup": args.warmup, "learning_rate": 0.05, "noise_multiplier": 1.0, "l2_norm_clip": 1.0,
-                "extra": parse_extra([e for e in args.extra.split(",") if e.strip()])}
-    lines = []
+    vocabs, settings = vocabs_and_settings(parser, args)
     with open_sinks(out, args.output) as sinks:
-        for vocab in vocabs:
-            for algorithm in algorithms:
-                lines.append(time_pair_isolated(algorithm, vocab, settings))
-                _emit(lines[-1], sinks)
+        lines = time_grid(vocabs, algorithms, time_pair_isolated, settings, sinks)
         for line in flatness_lines(lines):
             lines.append(line)
             _emit(line, sinks)

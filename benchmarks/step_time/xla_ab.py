@@ -32,12 +32,10 @@ import os
 import sys
 from typing import Optional, Sequence, TextIO, Union
 
-from benchmarks.step_time.alternate import build_step, interleaved_times
-from benchmarks.step_time.cli import parse_count, parse_extra, parse_scales
-from benchmarks.step_time.models import DEFAULT_BATCH
+from benchmarks.step_time.alternate import (add_grid_arguments, build_step, interleaved_times, isolated, time_grid,
+                                             vocabs_and_settings)
 from benchmarks.step_time.plot import Point, plot_series
 from benchmarks.step_time.reporting import _emit, open_sinks
-from benchmarks.step_time.runner import in_fresh_process
 from benchmarks.step_time.timing import _sync, summarize
 from tfdp_sparse import mechanisms
 from tfdp_sparse.accounting.truncation import StaticBatchPlan
@@ -74,11 +72,7 @@ def time_xla_pair(algorithm: str, vocab: Union[int, float], settings: dict) -> d
 
 def time_xla_pair_isolated(algorithm: str, vocab: Union[int, float], settings: dict) -> dict:
     """:func:`time_xla_pair` in a fresh process; a refused or failed pair gives an error line."""
-    try:
-        return in_fresh_process(time_xla_pair, algorithm, vocab, settings)
-    except Exception as exc:  # noqa: BLE001 - one bad pair must not end the run
-        return {"xla_ab": algorithm, "model": settings["model"], "vocab": vocab,
-                "error": f"{type(exc).__name__}: {_reason(str(exc))}"}
+    return isolated("xla_ab", time_xla_pair, algorithm, vocab, settings, reason=_reason)
 
 
 def _reason(message: str) -> str:
@@ -115,18 +109,9 @@ def plot_xla(lines: Sequence[dict], output: str) -> None:
 def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> list[dict]:
     """Command line; prints and returns every line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algorithms", default="sgd,dpsgd,eana,dpfest,adafest,lazydp", help="comma-separated")
-    parser.add_argument("--model", default="micro", choices=("micro", "pctr"))
-    parser.add_argument("--vocab", default="1e5,1e6,1e7", help="comma-separated table sizes of the micro model")
-    parser.add_argument("--vocab_scale", default="1", help="pctr: multipliers of the 26 Criteo vocabularies")
-    parser.add_argument("--rounds", type=int, default=50, help="A B B A rounds (2 timed steps of each per round)")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=None, help="default: 1024 (micro), 2048 (pctr)")
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--extra", default="", help="mechanism knobs name=value or algorithm:name=value")
+    add_grid_arguments(parser, "sgd,dpsgd,eana,dpfest,adafest,lazydp", rounds=50, warmup=3, extra="")
     parser.add_argument("--plans", default=",".join(PLANS), help="named runs for static_plan lines ('' for none)")
     parser.add_argument("--smoke", action="store_true", help="sgd and dpsgd at V=1000, batch 64, 3 rounds")
-    parser.add_argument("--output", default=None, help="also append the lines to this file")
     parser.add_argument("--plot", default=None, help="write the step-time plot (PNG) here")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -139,20 +124,9 @@ def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout) -> list
     plans = [p.strip() for p in args.plans.split(",") if p.strip()]
     if any(p not in PLANS for p in plans):
         parser.error(f"--plans: choose from {sorted(PLANS)}")
-    if args.rounds < 1 or args.warmup < 1:
-        parser.error("--rounds and --warmup must be at least 1")
-    vocabs: list = ([parse_count(v) for v in args.vocab.split(",") if v.strip()] if args.model == "micro"
-                    else parse_scales([v for v in args.vocab_scale.split(",") if v.strip()]))
-    batch = args.batch if args.batch is not None else DEFAULT_BATCH[args.model]
-    settings = {"model": args.model, "batch": batch, "dim": args.dim, "seed": 0, "rounds": args.rounds,
-                "warmup": args.warmup, "learning_rate": 0.05, "noise_multiplier": 1.0, "l2_norm_clip": 1.0,
-                "extra": parse_extra([e for e in args.extra.split(",") if e.strip()])}
-    lines = []
+    vocabs, settings = vocabs_and_settings(parser, args)
     with open_sinks(out, args.output) as sinks:
-        for vocab in vocabs:
-            for algorithm in algorithms:
-                lines.append(time_xla_pair_isolated(algorithm, vocab, settings))
-                _emit(lines[-1], sinks)
+        lines = time_grid(vocabs, algorithms, time_xla_pair_isolated, settings, sinks)
         for name in plans:
             lines.append(static_plan_line(name, *PLANS[name]))
             _emit(lines[-1], sinks)

@@ -127,17 +127,23 @@ def parity_one(strategy, name: str) -> dict:
             "mirrored_clipped_fraction": float(mirrored_opt.last_clipped_fraction.numpy())}
 
 
-def non_finite(strategy) -> dict:
-    """A NaN label in each global batch: mirrored against one device (which drops it), zero noise."""
-    batches = [(x, np.where(np.arange(len(y)) == 3, np.nan, y).astype(np.float32)) for x, y in _batches(3)]
-    model, initial, _ = _mirrored_run(strategy, MECHANISMS["dpsgd"], batches)
-    reference = _model(1)
+def _one_device(initial: list, batches: list, regularizer=None) -> tf.keras.Model:
+    """The reference: the same model from ``initial`` trained by ``PrivateStep`` on one device (zero-noise DP-SGD)."""
+    reference = _model(1, regularizer)
     reference.set_weights(initial)
     mech = MECHANISMS["dpsgd"]()
     mech.bind_model(reference)
     step = PrivateStep(reference, _bce, _optimizer(mech, False))
     for x, y in batches:
         step(tf.constant(x), tf.constant(y))
+    return reference
+
+
+def non_finite(strategy) -> dict:
+    """A NaN label in each global batch: mirrored against one device (which drops it), zero noise."""
+    batches = [(x, np.where(np.arange(len(y)) == 3, np.nan, y).astype(np.float32)) for x, y in _batches(3)]
+    model, initial, _ = _mirrored_run(strategy, MECHANISMS["dpsgd"], batches)
+    reference = _one_device(initial, batches)
     copies = _copies(model)
     return {"all_finite": bool(all(np.all(np.isfinite(c)) for c in copies)),
             "max_diff": max(float(np.max(np.abs(c - r.numpy()[None]))) for c, r in
@@ -149,13 +155,7 @@ def regularized(strategy) -> dict:
     batches = _batches(3)
     strong = tf.keras.regularizers.L2(0.5)  # large enough that ignoring it moves the kernel by far more than 1e-5
     model, initial, _ = _mirrored_run(strategy, MECHANISMS["dpsgd"], batches, regularizer=strong)
-    reference = _model(1, strong)
-    reference.set_weights(initial)
-    mech = MECHANISMS["dpsgd"]()
-    mech.bind_model(reference)
-    step = PrivateStep(reference, _bce, _optimizer(mech, False))
-    for x, y in batches:
-        step(tf.constant(x), tf.constant(y))
+    reference = _one_device(initial, batches, strong)
     return {"max_diff": max(float(np.max(np.abs(c - r.numpy()[None]))) for c, r in
                             zip(_copies(model), reference.trainable_variables))}
 

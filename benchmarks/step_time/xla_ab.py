@@ -44,7 +44,7 @@ from tfdp_sparse.keras.private_config import SIZING_EPSILON, STATIC_DELTA_FRACTI
 
 #: Named runs for the ``static_plan`` lines: (N, expected batch, steps, target ε).
 PLANS = {
-    "demo": (200_000, 2048, 200, 1.0),                         # configs/demo_private.cfg
+    "demo": (200_000, 4096, 400, 1.0),                         # configs/demo_private.cfg
     "criteo_kaggle": (45_840_617, 4096, 11_192, 1.0),          # one epoch of the Kaggle days
     "criteo_terabyte": (4_373_472_329, 65_536, 66_734, 1.0),   # one epoch of the 24 Terabyte days
 }

@@ -49,3 +49,32 @@ def test_user_level_padded_slots_change_nothing(algorithm, method):
     assert fixed["truncation_probability_per_step"] == pytest.approx(expected, rel=1e-9)
     for a, b in zip(poisson.model.get_weights(), static.model.get_weights()):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
+
+
+def test_trainer_user_level_fixed_shape_equals_its_poisson_run_and_fit():
+    """The trainers' ``--static_batch`` at the user level: the same users and examples as the Poisson run, the
+    padded slots users of their own; the weights equal the Poisson trainer run's and the fixed-shape ``fit``'s."""
+    from trainers import loop as loop_lib
+
+    x, y, users = _user_data()
+    privacy = PRIVACY["dpsgd"]
+    unit = PrivacyUnitConfig.user(K)
+    features = lambda a, idx: (a["ids"][idx], a["label"][idx])  # noqa: E731
+    loss = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
+
+    def trainer(static_batch: bool) -> tf.keras.Model:
+        model = _model()
+        loop = loop_lib.LoopConfig(batch_size=8, steps=STEPS, learning_rate=0.5, noise_seed=11, log_every=100,
+                                   performance=loop_lib.PerformanceFlags(static_batch=static_batch))
+        loop_lib.train_privately(model, lambda t, p: loss(t, p), {"ids": x, "label": y, "user": users}, privacy,
+                                 loop, features=features, unit=unit)
+        return model
+
+    fitted = make_private(_model(), privacy, num_examples=N, num_users=USERS, batch_size=8, steps=STEPS,
+                          learning_rate=0.5, privacy_unit=unit, loss=loss, noise_seed=11, static_batch=True)
+    fitted.compile()
+    fitted.fit(x, y, user_ids=users, verbose=0)
+    static, poisson = trainer(True), trainer(False)
+    for a, b, c in zip(static.get_weights(), poisson.get_weights(), fitted.model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(a, c, rtol=0, atol=1e-6)

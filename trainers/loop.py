@@ -67,6 +67,7 @@ import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data.sampling import BatchSampler, StaticPoissonSampler
+from tfdp_sparse.data.user_sampling import with_padding_users
 from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.keras.private_setup import prepare_private
 from tfdp_sparse.noise_source import NoiseSource
@@ -195,7 +196,10 @@ def train_privately(
     def gather(idx: np.ndarray) -> tuple:
         return features(arrays, idx)
 
-    if static is not None:
+    if static is not None and users is not None:  # users of k slots each; a padded slot is a user of its own
+        signature, batches = steps_lib.static_batches(users.static(static.size), with_user_ids(gather, user_ids),
+                                                      start, planned, finish=with_padding_users)
+    elif static is not None:
         sampler = StaticPoissonSampler(n, resolved.q, noise, size=static.size)
         signature, batches = steps_lib.static_batches(sampler, gather, start, planned)
     else:

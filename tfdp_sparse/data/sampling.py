@@ -476,7 +476,8 @@ def _padded_rows(a: np.ndarray, size: int) -> np.ndarray:
 
 def static_batch_dataset(sampler: "StaticPoissonSampler | StaticUserSampler", gather: Callable[[np.ndarray], Any],
                          num_steps: int,
-                         *, first_step: int = 0, prefetch: int = 2):
+                         *, first_step: int = 0, prefetch: int = 2,
+                         finish: Optional[Callable[[Any, np.ndarray], Any]] = None):
     """A ``tf.data.Dataset`` of ``(batch, mask)`` of a fixed shape: each Poisson batch padded to ``sampler.size``.
 
     ``batch`` is ``gather`` of the step's real indices with zero rows appended
@@ -484,7 +485,9 @@ def static_batch_dataset(sampler: "StaticPoissonSampler | StaticUserSampler", ga
     ``[size]`` float32, 1.0 on real slots. Every element has the same shape,
     so a compiled step (XLA, a TPU program) is compiled once. Truncated steps
     are counted on ``sampler.truncated_steps``; their probability is charged
-    to δ (:mod:`tfdp_sparse.accounting.truncation`).
+    to δ (:mod:`tfdp_sparse.accounting.truncation`). ``finish(batch, mask)``
+    (optional) rewrites each padded batch, e.g. the user ids of padded slots
+    (:func:`tfdp_sparse.data.user_sampling.padding_users`).
 
     Example::
 
@@ -505,7 +508,8 @@ def static_batch_dataset(sampler: "StaticPoissonSampler | StaticUserSampler", ga
             real = padded[mask > 0]
             batch = gather(real)
             _check_batch(batch, real.size, step)
-            yield _map_arrays(lambda a: _padded_rows(a, size), batch), mask
+            padded = _map_arrays(lambda a: _padded_rows(a, size), batch)
+            yield (padded if finish is None else finish(padded, mask)), mask
 
     dataset = tf.data.Dataset.from_generator(
         generate, output_signature=(signature, tf.TensorSpec((size,), tf.float32)))

@@ -50,7 +50,7 @@ from tfdp_sparse.data.sampling import bernoulli_positions, uniform_distinct_posi
 from tfdp_sparse.noise_source import NoiseSource
 
 __all__ = ["USER_POISSON_STREAM", "USER_TRUNCATION_STREAM", "StaticUserSampler", "UserBatch", "UserGrouping",
-           "UserPoissonSampler", "group_by_user", "take_at_most_k"]
+           "UserPoissonSampler", "group_by_user", "padding_users", "take_at_most_k", "with_padding_users"]
 
 #: Stream of the user draws in :meth:`NoiseSource.numpy_generator` (apart from example-level streams).
 USER_POISSON_STREAM = 29
@@ -238,3 +238,25 @@ class StaticUserSampler:
         mask = np.zeros(self.size, dtype=np.float32)
         mask[: rows.size] = 1.0
         return padded, mask
+
+
+def padding_users(user_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The user ids of a fixed-shape user batch: padded slot ``j`` gets ``-1 - j``, a user of its own.
+
+    A padded slot has no gradient; as its own one-example user it neither
+    joins a real user's segment nor breaks the cap of ``k`` examples per user.
+
+    >>> padding_users(np.array([4, 4, 0, 0]), np.array([1.0, 1.0, 0.0, 0.0])).tolist()
+    [4, 4, -3, -4]
+    """
+    user_ids = np.asarray(user_ids, dtype=np.int64)
+    return np.where(np.asarray(mask) > 0, user_ids, -1 - np.arange(user_ids.size, dtype=np.int64))
+
+
+def with_padding_users(batch: tuple, mask: np.ndarray) -> tuple:
+    """A fixed-shape ``(x, y, user ids)`` batch with each padded slot a user of its own (:func:`padding_users`).
+
+    The ``finish`` hook of :func:`~tfdp_sparse.data.sampling.static_batch_dataset` at the user level.
+    """
+    x, y, user_ids = batch
+    return x, y, padding_users(user_ids, mask)

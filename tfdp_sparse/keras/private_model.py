@@ -50,7 +50,7 @@ from tfdp_sparse.keras.read_guard import INSPECTS_REASON, FlushBeforeUserCallbac
 from tfdp_sparse.step.train_step import private_train_step
 from tfdp_sparse.keras.user_batches import UserGather, check_user_ids
 from tfdp_sparse.clipping.user_norms import UserSegments
-from tfdp_sparse.data.user_sampling import StaticUserSampler, UserPoissonSampler
+from tfdp_sparse.data.user_sampling import StaticUserSampler, UserPoissonSampler, with_padding_users
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.keras_stack import tf_variables
 from tfdp_sparse.noise_source import NoiseSource
@@ -60,17 +60,6 @@ log = logging.getLogger("tfdp_sparse.keras")
 
 #: Why a batched ``tf.data.Dataset`` voids the guarantee.
 SHUFFLE_REASON = "fixed-size batches from a tf.data.Dataset: epsilon assumes Poisson sampling"
-
-
-def _padding_users(user_ids: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
-    """The user ids of a fixed-shape user batch: padded slot ``j`` gets ``-1 - j``, a user of its own.
-
-    A padded slot has no gradient; as its own one-example user it neither joins
-    a real user's segment nor breaks the cap of ``k`` examples per user.
-    Example: ids ``[4, 4, 0, 0]``, mask ``[1, 1, 0, 0]`` -> ``[4, 4, -3, -4]``.
-    """
-    fresh = -1 - tf.range(tf.size(user_ids, out_type=user_ids.dtype), dtype=user_ids.dtype)
-    return tf.where(mask > 0, user_ids, fresh)
 
 
 def _is_tfrs_model(model: tf.keras.Model) -> bool:
@@ -289,8 +278,8 @@ class PrivateModel(tf.keras.Model):
             raise ValueError("static_batch needs labelled data (x and y, or an indexed source of (x, y) pairs)")
         if unit.is_user_level:
             users = StaticUserSampler(sampler, users=self.static_plan.size)
-            return static_batch_dataset(users, batch_gather, num_steps).map(
-                lambda xyu, mask: (xyu[0], xyu[1], _padding_users(xyu[2], mask), mask))
+            return static_batch_dataset(users, batch_gather, num_steps, finish=with_padding_users).map(
+                lambda xyu, mask: (*xyu, mask))
         static = StaticPoissonSampler(self.config.num_examples, self.config.sampling_rate, noise,
                                       size=self.static_plan.size)
         return static_batch_dataset(static, gather, num_steps).map(lambda xy, mask: (*xy, mask))

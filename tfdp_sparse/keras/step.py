@@ -86,14 +86,17 @@ class PrivateStep:
             return self._step(features, labels)
         return self._step(features, labels, user_ids)
 
-    def padded(self, features, labels, example_mask) -> dict:
+    def padded(self, features, labels, example_mask, user_ids=None) -> dict:
         """One step on a fixed-shape batch: ``example_mask`` (``[P]``, 1 on real slots) drops the padded slots.
 
         A padded slot contributes nothing: zero values, loss 0, and its lookups
-        are marked padding (no row touched). Example level only.
+        are marked padding (no row touched). At the user level ``user_ids`` is
+        required, each padded slot a user of its own
+        (:func:`tfdp_sparse.data.user_sampling.with_padding_users`).
         Example: ``step.padded(x, y, mask)`` with ``(x, y), mask`` from
         :func:`tfdp_sparse.data.sampling.static_batch_dataset`.
         """
-        if self.unit.is_user_level:
-            raise ValueError("PrivateStep.padded is for the example level: a user-level batch has no fixed shape yet")
-        return self._step(features, labels, None, example_mask)
+        if (user_ids is None) == self.unit.is_user_level:
+            raise ValueError(f"PrivateStep(unit={self.unit.describe()}).padded got user_ids="
+                             f"{'None' if user_ids is None else '...'}: the user level needs the batch's user ids")
+        return self._step(features, labels, user_ids, example_mask)

@@ -34,20 +34,19 @@ def static_shape(loop: LoopConfig, resolved: ResolvedPrivacy, num_units: int, un
                  charge: StepAccounting) -> tuple[Optional[StaticBatchPlan], StepAccounting]:
     """``(plan, charge)``: the fixed shape of the run and the step charge with its truncation (``None`` when off).
 
-    Refuses, by name, what has no fixed shape yet: the user level and shuffled batches.
+    At the user level the size counts users (each with ``k`` example slots). Refuses shuffled batches.
     """
     if not loop.performance.static_batch:
         return None, charge
-    refused = {"the user level": unit.is_user_level,
-               "--sampling=shuffle (fixed-size batches already)": resolved.privacy.sampling != "poisson"}
-    for what, present in refused.items():
-        if present:
-            raise ValueError(f"--static_batch is not supported with {what}: it pads Poisson batches of examples")
+    if resolved.privacy.sampling != "poisson":
+        raise ValueError("--static_batch pads Poisson batches: it is not supported with --sampling=shuffle "
+                         "(fixed-size batches already)")
     epsilon = resolved.privacy.target_epsilon if resolved.privacy.target_epsilon is not None else SIZING_EPSILON
     plan = StaticBatchPlan.sized(num_units, resolved.q, loop.steps, resolved.delta, epsilon, STATIC_DELTA_FRACTION)
-    log.info("fixed batch shape: %d slots for an expected %d (truncation probability %.3g per step, delta share "
-             "%.3g at epsilon %.3g)", plan.size, loop.batch_size, plan.truncation_probability,
-             plan.delta_share(epsilon), epsilon)
+    slots = plan.size * (unit.max_examples_per_user if unit.is_user_level else 1)
+    log.info("fixed batch shape: %d %s (%d example slots) for an expected %d (truncation probability %.3g per step, "
+             "delta share %.3g at epsilon %.3g)", plan.size, "users" if unit.is_user_level else "examples", slots,
+             loop.batch_size, plan.truncation_probability, plan.delta_share(epsilon), epsilon)
     return plan, dataclasses.replace(charge, truncation_probability=plan.truncation_probability)
 
 

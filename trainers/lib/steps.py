@@ -58,22 +58,24 @@ def sampled_batches(sampler: sampling.IndexSampler, gather: Callable, start: int
     return list(input_specs), steps()
 
 
-def static_batches(sampler: sampling.StaticPoissonSampler, gather: Callable, start: int,
-                   stop: int) -> tuple[list, Iterator[tuple]]:
-    """As :func:`sampled_batches` for fixed-shape batches: inputs ``(x, y, mask)`` of ``sampler.size`` slots.
+def static_batches(sampler, gather: Callable, start: int, stop: int,
+                   finish: Optional[Callable] = None) -> tuple[list, Iterator[tuple]]:
+    """As :func:`sampled_batches` for fixed-shape batches of ``sampler.size`` slots: inputs ``(x, y, mask)``.
 
+    At the user level ``gather`` returns ``(x, y, user ids)`` and the inputs
+    are ``(x, y, mask, user ids)`` (``finish``: :func:`~tfdp_sparse.data.user_sampling.with_padding_users`).
     The batch size of each item is the number of real examples (the mask's sum).
     Example: ``next(static_batches(sampler, gather, 0, 10)[1])`` is ``(0, 251, (x, y, mask))`` with ``[P, ...]``
     arrays.
     """
-    dataset = sampling.static_batch_dataset(sampler, gather, stop - start, first_step=start)
-    (x_spec, y_spec), mask_spec = dataset.element_spec
+    dataset = sampling.static_batch_dataset(sampler, gather, stop - start, first_step=start, finish=finish)
+    (x_spec, y_spec, *users_spec), mask_spec = dataset.element_spec
 
     def steps() -> Iterator[tuple]:
-        for step, ((x, y), mask) in zip(range(start, stop), dataset):
-            yield step, int(tf.reduce_sum(mask)), (x, y, mask)
+        for step, ((x, y, *users), mask) in zip(range(start, stop), dataset):
+            yield step, int(tf.reduce_sum(mask)), (x, y, mask, *users)
 
-    return [x_spec, y_spec, mask_spec], steps()
+    return [x_spec, y_spec, mask_spec, *users_spec], steps()
 
 
 def make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_split: Optional[Callable],

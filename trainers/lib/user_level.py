@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse.data.user_sampling import UserPoissonSampler, group_by_user
+from tfdp_sparse.data.user_sampling import StaticUserSampler, UserPoissonSampler, group_by_user
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
@@ -120,6 +120,25 @@ class UserRows:
     def indices(self, step: int) -> np.ndarray:
         """The rows of the training arrays in step ``step`` (each user's rows together)."""
         return self._order[self._sampler.indices(step)]
+
+    def static(self, users: int) -> "StaticUserRows":
+        """The same draws at a fixed shape: at most ``users`` users of ``k`` slots (:class:`StaticUserSampler`)."""
+        return StaticUserRows(StaticUserSampler(self._sampler, users), self._order)
+
+
+class StaticUserRows:
+    """:meth:`UserRows.static`: ``indices(step) -> (rows of the training arrays, -1 padded; mask)``, ``size`` slots."""
+
+    def __init__(self, sampler: StaticUserSampler, order: np.ndarray):
+        self._sampler, self._order = sampler, order
+        self.size = sampler.size
+
+    def indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        rows, mask = self._sampler.indices(step)
+        real = mask > 0
+        rows = rows.copy()
+        rows[real] = self._order[rows[real]]
+        return rows, mask
 
 
 def with_user_ids(gather: Callable[[np.ndarray], tuple], user_ids: np.ndarray) -> Callable[[np.ndarray], tuple]:

@@ -38,9 +38,8 @@ from benchmarks.step_time.plot import Point, plot_series
 from benchmarks.step_time.reporting import _emit, open_sinks
 from benchmarks.step_time.timing import _sync, summarize
 from tfdp_sparse import mechanisms
-from tfdp_sparse.accounting.truncation import StaticBatchPlan
+from tfdp_sparse.accounting.truncation import SIZING_EPSILON, StaticBatchPlan
 from tfdp_sparse.accounting.validation import default_delta
-from tfdp_sparse.keras.private_config import SIZING_EPSILON, STATIC_DELTA_FRACTION
 
 #: Named runs for the ``static_plan`` lines: (N, expected batch, steps, target ε).
 PLANS = {
@@ -85,8 +84,8 @@ def _reason(message: str) -> str:
 def static_plan_line(name: str, num_examples: int, batch: int, steps: int, epsilon: Optional[float]) -> dict:
     """The fixed shape ``static_batch=True`` chooses for a run, its truncation probability and δ share at ε."""
     delta = default_delta(num_examples)
+    plan = StaticBatchPlan.for_run(num_examples, batch / num_examples, steps, delta, epsilon)
     sizing = epsilon if epsilon is not None else SIZING_EPSILON
-    plan = StaticBatchPlan.sized(num_examples, batch / num_examples, steps, delta, sizing, STATIC_DELTA_FRACTION)
     return {"static_plan": name, "num_examples": num_examples, "batch_size": batch, "steps": steps,
             "delta": delta, "epsilon": sizing, "size": plan.size, "size_over_batch": round(plan.size / batch, 4),
             "truncation_probability_per_step": plan.truncation_probability,

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from scipy import stats
 
@@ -67,6 +67,10 @@ __all__ = [
 _EPSILON_REL_TOL = 1e-12
 #: Iterations of the ε fixed point before giving up (it converges in a few).
 _MAX_ITERATIONS = 200
+#: A run's fixed batch is sized so that truncation costs at most this fraction of δ ...
+DELTA_FRACTION = 1e-3
+#: ... at its target ε, or at this ε without a target (the ledger charges the exact share at the run's ε).
+SIZING_EPSILON = 10.0
 
 
 def _check_rate(name: str, value: Any) -> float:
@@ -119,7 +123,7 @@ def delta_share(num_examples: int, sampling_rate: float, size: int, steps: int, 
 
 
 def static_batch_size(num_examples: int, sampling_rate: float, steps: int, delta: float, epsilon: float,
-                      fraction: float = 1e-3) -> int:
+                      fraction: float = DELTA_FRACTION) -> int:
     """The smallest fixed size ``P >= 1`` whose truncation share is at most ``fraction · delta``.
 
     The share falls as ``P`` grows and is 0 at ``P = N + 1``; a binary search
@@ -236,7 +240,7 @@ class StaticBatchPlan:
 
     @classmethod
     def sized(cls, num_examples: int, sampling_rate: float, steps: int, delta: float, epsilon: float,
-              fraction: float = 1e-3) -> "StaticBatchPlan":
+              fraction: float = DELTA_FRACTION) -> "StaticBatchPlan":
         """The plan at :func:`static_batch_size`: the smallest size whose δ share at ``epsilon`` is ``<= fraction·delta``.
 
         >>> StaticBatchPlan.sized(20000, 256 / 20000, 800, 1e-5, 1.0).size
@@ -244,6 +248,18 @@ class StaticBatchPlan:
         """
         size = static_batch_size(num_examples, sampling_rate, steps, delta, epsilon, fraction)
         return cls(num_examples, sampling_rate, size, steps)
+
+    @classmethod
+    def for_run(cls, num_examples: int, sampling_rate: float, steps: int, delta: float,
+                target_epsilon: Optional[float]) -> "StaticBatchPlan":
+        """The rule of ``make_private(static_batch=True)`` and ``--static_batch``: :meth:`sized` at the target ε
+        (:data:`SIZING_EPSILON` without one) for :data:`DELTA_FRACTION` of ``delta``, the δ the ledger reads ε at.
+
+        >>> StaticBatchPlan.for_run(20000, 256 / 20000, 800, 1e-5, 1.0).size
+        372
+        """
+        epsilon = target_epsilon if target_epsilon is not None else SIZING_EPSILON
+        return cls.sized(num_examples, sampling_rate, steps, delta, epsilon, DELTA_FRACTION)
 
     def delta_share(self, epsilon: float) -> float:
         """δ the truncation costs at ``epsilon``: ``(1 + e^ε)·`` :attr:`truncation_mass`."""

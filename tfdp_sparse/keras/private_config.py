@@ -33,12 +33,6 @@ RAW_METRICS_RELEASE = ("training loss and metrics of the private batches, un-noi
 VALIDATION_RELEASE = ("validation loss and metrics (validation_data): exact, not covered by epsilon; private only "
                       "if the validation examples are public or held out of every release")
 
-#: ``static_batch=True`` sizes the fixed batch so that truncation costs at most this fraction of δ ...
-STATIC_DELTA_FRACTION = 1e-3
-#: ... at the target ε, or at this ε without a target (the ledger charges the exact share at the run's ε).
-SIZING_EPSILON = 10.0
-
-
 @dataclasses.dataclass(frozen=True)
 class PrivateFitConfig:
     """What :func:`~tfdp_sparse.keras.make_private` needs besides the model and the mechanism.
@@ -65,7 +59,7 @@ class PrivateFitConfig:
         FPR 0 from ``History["loss"]``, issue 31).
       static_batch: ``False`` (default: each batch has its Poisson size), ``True`` (pad every batch to
         one fixed size, chosen so that truncating a larger draw costs at most
-        :data:`STATIC_DELTA_FRACTION` of δ, sized at the target ε or :data:`SIZING_EPSILON`) or that
+        10⁻³ of δ at the target ε: :meth:`StaticBatchPlan.for_run`) or that
         fixed size (an int ``>= batch_size``). At the user level the size counts users, each given
         ``k`` example slots. A fixed shape is what XLA (``compile(jit_compile=True)``)
         and TPUs need: one compilation for the run. The truncation's δ share is in the ledger.
@@ -122,19 +116,19 @@ class PrivateFitConfig:
             raise ValueError(f"static_batch must be True, False or a fixed size >= batch_size={self.batch_size}, got "
                              f"{self.static_batch!r} (below the expected batch most steps would truncate)")
 
-    def static_plan(self) -> Optional[StaticBatchPlan]:
+    def static_plan(self, delta: float) -> Optional[StaticBatchPlan]:
         """The fixed batch shape of the run (``None`` without ``static_batch``); see :attr:`static_batch`.
 
-        Example: ``PrivateFitConfig(20000, 256, steps=800, delta=1e-5, target_epsilon=1.0,
-        static_batch=True).static_plan().size == 372``.
+        ``delta``: the δ the ledger reads ε at (the run's, less pre-training releases' own).
+        Example: ``PrivateFitConfig(20000, 256, steps=800, target_epsilon=1.0,
+        static_batch=True).static_plan(1e-5).size == 372``.
         """
         if self.static_batch is False:
             return None
         if self.static_batch is not True:
             return StaticBatchPlan(self.num_units, self.sampling_rate, int(self.static_batch), self.total_steps)
-        epsilon = self.target_epsilon if self.target_epsilon is not None else SIZING_EPSILON
-        return StaticBatchPlan.sized(self.num_units, self.sampling_rate, self.total_steps, self.resolved_delta,
-                                     epsilon, STATIC_DELTA_FRACTION)
+        return StaticBatchPlan.for_run(self.num_units, self.sampling_rate, self.total_steps, delta,
+                                       self.target_epsilon)
 
     def _check_unit(self) -> None:
         if not isinstance(self.privacy_unit, PrivacyUnitConfig):

@@ -76,7 +76,8 @@ class PrivateModel(tf.keras.Model):
     """
 
     def __init__(self, model: tf.keras.Model, optimizer: DPOptimizer, ledger: PrivacyLedger,
-                 charge: RunCharge, config: PrivateFitConfig, loss, outside_guarantee: tuple, **kwargs):
+                 charge: RunCharge, config: PrivateFitConfig, loss, outside_guarantee: tuple,
+                 static_plan: Optional[StaticBatchPlan] = None, **kwargs):
         super().__init__(**kwargs)
         self.model = model
         self.dp_optimizer = optimizer
@@ -88,7 +89,7 @@ class PrivateModel(tf.keras.Model):
         self._tfrs = _is_tfrs_model(model)
         self._outside = outside_guarantee
         self.training_plan: Optional[TrainingPlan] = None  # set by make_private when its planner chose B and T
-        self.static_plan: Optional[StaticBatchPlan] = config.static_plan()  # fixed-shape batches, or None
+        self.static_plan = static_plan  # fixed-shape batches (make_private(static_batch=...)), or None
         # exact statistics this run has shown (raw training metrics, validation metrics): named in report()
         self._released: list[str] = [RAW_METRICS_RELEASE] if config.training_metrics == "raw" else []
         self._loss_tracker = tf.keras.metrics.Mean(name="loss")

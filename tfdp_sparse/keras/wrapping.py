@@ -119,7 +119,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
                            table_optimizer=table_optimizer, dense_optimizer=dense_optimizer, registry=registry)
     shape = RunShape(config.num_units, batch_size, config.total_steps, learning_rate)
     setup = prepare_private(model, settings, shape, options, mechanism)
-    static = config.static_plan()
+    static = config.static_plan(setup.resolved.delta)
     accounting, certified = setup.accounting, setup.resolved.certified_steps
     if static is not None:
         # Truncation adds to δ at the run's ε, which σ's calibration did not see: the budget is checked step by
@@ -128,7 +128,7 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
         certified = None
     charge = RunCharge(accounting, setup.privacy.target_epsilon, batch_size, certified)
     private = _model_class()(model, setup.optimizer, setup.ledger, charge, config,
-                             per_example_loss_fn(loss, loss_weights), _outside_guarantee(model))
+                             per_example_loss_fn(loss, loss_weights), _outside_guarantee(model), static_plan=static)
     private.training_plan = plan
     return private
 

@@ -1,8 +1,8 @@
 """The trainers' fixed-shape batches (``--static_batch``): the shape, its δ charge and the budget that sees it.
 
 ``make_private(static_batch=True)`` and the trainers choose the same size
-(:meth:`tfdp_sparse.accounting.truncation.StaticBatchPlan.sized` at the run's
-target ε, or ε = 10 without one, for at most 10⁻³ of δ) and charge the same
+(:meth:`tfdp_sparse.accounting.truncation.StaticBatchPlan.for_run`: at the
+run's target ε, or ε = 10 without one, for at most 10⁻³ of δ) and charge the same
 truncation probability per executed step
 (:class:`~tfdp_sparse.accounting.step_accounting.StepAccounting`). The budget
 is planned on a ledger that already holds the truncation of every planned
@@ -21,8 +21,7 @@ from typing import Optional
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.accounting.step_accounting import StepAccounting
-from tfdp_sparse.accounting.truncation import StaticBatchPlan
-from tfdp_sparse.keras.private_config import SIZING_EPSILON, STATIC_DELTA_FRACTION
+from tfdp_sparse.accounting.truncation import SIZING_EPSILON, StaticBatchPlan
 from tfdp_sparse.keras.private_setup import ResolvedPrivacy
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers.lib.config import LoopConfig
@@ -41,8 +40,9 @@ def static_shape(loop: LoopConfig, resolved: ResolvedPrivacy, num_units: int, un
     if resolved.privacy.sampling != "poisson":
         raise ValueError("--static_batch pads Poisson batches: it is not supported with --sampling=shuffle "
                          "(fixed-size batches already)")
-    epsilon = resolved.privacy.target_epsilon if resolved.privacy.target_epsilon is not None else SIZING_EPSILON
-    plan = StaticBatchPlan.sized(num_units, resolved.q, loop.steps, resolved.delta, epsilon, STATIC_DELTA_FRACTION)
+    target = resolved.privacy.target_epsilon
+    plan = StaticBatchPlan.for_run(num_units, resolved.q, loop.steps, resolved.delta, target)
+    epsilon = target if target is not None else SIZING_EPSILON
     slots = plan.size * (unit.max_examples_per_user if unit.is_user_level else 1)
     log.info("fixed batch shape: %d %s (%d example slots) for an expected %d (truncation probability %.3g per step, "
              "delta share %.3g at epsilon %.3g)", plan.size, "users" if unit.is_user_level else "examples", slots,

@@ -16,6 +16,8 @@ LOOP = LoopConfig(batch_size=8, steps=2, learning_rate=0.1)
     (PrivacyConfig(algorithm="dpsgd", sampling="shuffle"), LOOP, "sampling='shuffle'"),
     (PrivacyConfig(algorithm="dpsgd"), LoopConfig(batch_size=8, steps=2, learning_rate=0.1, performance=PerformanceFlags(
         embedding_backend=EmbeddingBackend.TPU_EMULATOR)), "embedding_backend='tpu_emulator'"),
+    (PrivacyConfig(algorithm="dpsgd"), LoopConfig(batch_size=8, steps=2, learning_rate=0.1, performance=PerformanceFlags(
+        static_batch=True)), "static_batch=True: the cluster draws each Poisson batch"),
 ])
 def test_refused_settings_name_themselves(privacy, loop, match):
     with pytest.raises(ValueError, match=match):

@@ -82,6 +82,9 @@ def check_cluster_settings(cluster: str, privacy: PrivacyConfig, loop: LoopConfi
         "embedding_backend": (None if loop.performance.embedding_backend is EmbeddingBackend.KERAS
                               else loop.performance.embedding_backend.value,
                               "tables on a cluster are Keras variables sharded over the servers"),
+        "static_batch": (True if loop.performance.static_batch else None,
+                         "the cluster draws each Poisson batch by index on a worker, at its own size; fixed-shape "
+                         "batches are one-machine and TPU-program only"),
         "table_optimizer": (None if make_table_optimizer(loop.table_optimizer, loop.table_learning_rate,
                                                          loop.learning_rate) is None else loop.table_optimizer,
                             "the servers apply plain SGD at --learning_rate to the sharded tables "

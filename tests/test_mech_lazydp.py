@@ -414,9 +414,10 @@ def test_refuses_unbound_or_unbuilt_models():
         step(tf.constant([[0, 1]] * 4, tf.int64), tf.zeros([4]))
 
 
-def test_refuses_jit_compile():
+def test_jit_compile_refuses_only_the_unaggregated_baseline():
+    """Issue 33: LazyDP compiles (tests/test_xla_lazy.py); aggregate=False, a benchmark baseline, is refused."""
     model = _pooled_model(10, 2)
-    mech = LazyDP.of(1.0, 1.0)
+    mech = LazyDP.of(1.0, 1.0, aggregate=False)
     mech.bind_model(model)
     step = PrivateStep(model, _bce, DPOptimizer(mech, 0.1, expected_batch_size=4), jit_compile=True)
     with pytest.raises(ValueError, match="jit_compile"):

@@ -12,6 +12,7 @@ Example::
 """
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -47,3 +48,25 @@ def keep_valid(valid: tf.Tensor, ids: tf.Tensor, values: tf.Tensor) -> tuple[tf.
     filler = tf.where(tf.reduce_any(valid), tf.gather(ids, first), tf.constant(-1, ids.dtype))
     mask = tf.reshape(valid, tf.concat([tf.shape(valid), tf.ones([tf.rank(values) - 1], tf.int32)], axis=0))
     return tf.where(valid, ids, filler), tf.where(mask, values, tf.zeros_like(values))
+
+
+def unique_ids(ids: tf.Tensor, valid: tf.Tensor | None = None) -> tf.Tensor:
+    """The distinct valid ids of ``ids``, for read hooks: dynamic outside XLA, static slots under XLA.
+
+    Outside XLA: ``tf.unique`` of the valid entries (``valid`` defaults to
+    ``ids >= 0``), in first-seen order. Under XLA a dynamic size is what
+    XLA's ``tf.unique`` mishandles (see :func:`keep_valid`) and what a
+    compiled program cannot allocate, so the result keeps the size of
+    ``ids`` (one *slot* per entry): the valid ids sorted, each once, and
+    ``-1`` in the other slots. A hook treats a negative slot as empty.
+
+    Example: ``ids = [7, -1, 3, 7]`` -> ``[7, 3]``; under XLA ``[3, 7, -1, -1]``.
+    """
+    flat = tf.reshape(ids, [-1])
+    valid = flat >= 0 if valid is None else tf.reshape(valid, [-1])
+    if not in_xla_context():
+        return tf.unique(tf.boolean_mask(flat, valid))[0]
+    empty = tf.constant(np.iinfo(flat.dtype.as_numpy_dtype).max, flat.dtype)
+    ordered = tf.sort(tf.where(valid, flat, empty))
+    first = tf.concat([tf.ones([1], tf.bool), ordered[1:] != ordered[:-1]], axis=0) & (ordered != empty)
+    return tf.where(first, ordered, tf.constant(-1, flat.dtype))

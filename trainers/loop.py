@@ -187,7 +187,8 @@ def train_privately(
         ledger = checkpoint.restore(saved)
     mark_void(ledger, noise, resolved.privacy)  # before the first checkpoint: the marks outlive this run
     start = ledger.steps
-    static, accounting_charge = static_shape(loop, resolved, n, unit, setup.accounting)
+    static, accounting_charge = static_shape(loop, resolved, n, unit, setup.accounting,
+                                             mechanism.fixed_shape_truncation(model))
     budget_ledger = ledger if static is None else with_truncation(ledger, static, loop.steps - start)
     planned, stop_reason = plan_steps(budget_ledger, accounting_charge.event, loop, resolved)
 

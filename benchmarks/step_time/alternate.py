@@ -36,6 +36,8 @@ def build_step(algorithm: str, predraw: bool, settings: dict, jit_compile: bool 
     model_name, batch, seed = settings["model"], settings["batch"], settings["seed"]
     work = build_workload(model_name, settings["size"], batch, settings["dim"], seed)
     mechanism = setup_mechanism(algorithm, settings, work.model, work.counts)
+    if jit_compile:  # what a fixed-shape run's setup does before compiled steps (DP-AdaFEST: its slots' charge)
+        mechanism.fixed_shape_truncation(work.model)
     optimizer = DPOptimizer(mechanism, learning_rate=settings["learning_rate"], expected_batch_size=batch,
                             predraw_dense_noise=predraw)
     return make_step(work.model, work.loss_fn, optimizer, EmbeddingBackend.KERAS, model_name, batch, algorithm,

@@ -217,6 +217,9 @@ class StaticBatchPlan:
     sampling_rate: float
     size: int
     steps: int
+    #: per step, the probability that the mechanism's own fixed-size slots overflow in a compiled step
+    #: (DP-AdaFEST's false positives, ``Mechanism.fixed_shape_truncation``); added to the batch's (union bound).
+    slot_overflow_probability: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -227,11 +230,19 @@ class StaticBatchPlan:
         _check_rate("sampling_rate", self.sampling_rate)
         _validate_int("size", self.size, 1)
         _validate_int("steps", self.steps, 0)
+        if not _is_real(self.slot_overflow_probability) or not 0.0 <= self.slot_overflow_probability <= 1.0:
+            raise ValueError(f"slot_overflow_probability={self.slot_overflow_probability!r} is invalid: it must be "
+                             "a probability in [0, 1]")
+
+    @property
+    def batch_truncation_probability(self) -> float:
+        """Per step, that the Poisson draw overflows ``size``, at the larger neighbour (``N + 1`` examples)."""
+        return truncation_probability(self.num_examples + 1, self.sampling_rate, self.size)
 
     @property
     def truncation_probability(self) -> float:
-        """Per step, at the larger neighbour (``N + 1`` examples)."""
-        return truncation_probability(self.num_examples + 1, self.sampling_rate, self.size)
+        """Per step, that any fixed shape truncates: the batch's plus the mechanism's slots' (union bound)."""
+        return min(1.0, self.batch_truncation_probability + self.slot_overflow_probability)
 
     @property
     def truncation_mass(self) -> float:
@@ -263,4 +274,6 @@ class StaticBatchPlan:
 
     def delta_share(self, epsilon: float) -> float:
         """δ the truncation costs at ``epsilon``: ``(1 + e^ε)·`` :attr:`truncation_mass`."""
-        return delta_share(self.num_examples, self.sampling_rate, self.size, self.steps, epsilon)
+        epsilon = _check_nonnegative("epsilon", epsilon)
+        mass = self.truncation_mass
+        return _one_plus_exp(epsilon) * mass if mass > 0 else 0.0

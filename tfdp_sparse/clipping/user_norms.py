@@ -44,6 +44,8 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
+from tfdp_sparse.xla import in_xla_context
+
 __all__ = ["UserClipMethod", "UserClipping", "UserSegments", "check_at_most_k", "kernel_group_squared_norms",
            "pad_by_user", "segment_squared_norms", "user_scale"]
 
@@ -79,7 +81,10 @@ class UserSegments:
     @classmethod
     def from_user_ids(cls, user_ids: tf.Tensor) -> "UserSegments":
         """Segments from the batch's user-id column (any integer ids; order of first appearance)."""
-        unique, idx = tf.unique(tf.reshape(user_ids, [-1]), out_idx=tf.int32)
+        flat = tf.reshape(user_ids, [-1])
+        unique, idx = tf.unique(flat, out_idx=tf.int32)
+        if in_xla_context() and flat.shape[0] is not None:  # a static count (the batch size): XLA sizes by it
+            return cls(idx, tf.constant(int(flat.shape[0]), tf.int32))
         return cls(idx, tf.size(unique, out_type=tf.int32))
 
 
@@ -145,11 +150,27 @@ def kernel_group_squared_norms(a: tf.Tensor, delta: tf.Tensor, segments: UserSeg
     fan_in, fan_out, positions = int(a.shape[-1]), int(delta.shape[-1]), a.shape[1]
     if positions is not None and fan_in * fan_out < positions * positions:
         return segment_squared_norms(tf.einsum("bti,bto->bio", a, delta), segments)
+    if in_xla_context():
+        return _kernel_group_squared_norms_static(a, delta, segments)
     stacked_a = tf.reshape(pad_by_user(a, segments), [segments.count, -1, fan_in])
     stacked_delta = tf.reshape(pad_by_user(delta, segments), [segments.count, -1, fan_out])
     gram_a = tf.einsum("uti,usi->uts", stacked_a, stacked_a)
     gram_delta = tf.einsum("uto,uso->uts", stacked_delta, stacked_delta)
     return tf.reduce_sum(gram_a * gram_delta, axis=[1, 2])
+
+
+def _kernel_group_squared_norms_static(a: tf.Tensor, delta: tf.Tensor, segments: UserSegments) -> tf.Tensor:
+    """:func:`kernel_group_squared_norms` at static shapes (XLA): the batch's Gram matrices, masked to same-user pairs.
+
+    ``sum_{r, r' of u} (a_r . a_r')(delta_r . delta_r')`` over the ``B T`` positions: ``(B T)^2`` products
+    instead of the padded ``U n_max^2`` (whose ``n_max`` is data-dependent).
+    """
+    batch, fan_in, fan_out = tf.shape(a)[0], int(a.shape[-1]), int(delta.shape[-1])
+    rows_a, rows_delta = tf.reshape(a, [-1, fan_in]), tf.reshape(delta, [-1, fan_out])
+    owner = tf.repeat(tf.cast(segments.ids, tf.int32), tf.size(rows_a) // (fan_in * batch))
+    same = tf.cast(owner[:, tf.newaxis] == owner[tf.newaxis, :], rows_a.dtype)
+    gram = tf.matmul(rows_a, rows_a, transpose_b=True) * tf.matmul(rows_delta, rows_delta, transpose_b=True)
+    return tf.math.unsorted_segment_sum(tf.reduce_sum(gram * same, axis=1), owner, segments.count)
 
 
 def user_scale(per_user_squared: Sequence[Callable[[UserSegments], tf.Tensor]], users: UserClipping,

@@ -204,6 +204,9 @@ class PrivateModel(tf.keras.Model):
             # The data ends where the budget does: no step past it can run, whatever steps_per_execution is
             # (the callback's stop only acts between executions).
             dataset = dataset.take(remaining)
+        planned = None if spe is None else (epochs - initial_epoch) * spe
+        if planned is not None:  # room in per-step state (LazyDP's rate record): a compiled step cannot grow it
+            self.mechanism.reserve_steps(planned if remaining is None else min(planned, remaining))
         verbose = 1 if verbose == "auto" else verbose
         if kwargs.get("validation_data") is not None and VALIDATION_RELEASE not in self._released:
             self._released.append(VALIDATION_RELEASE)
@@ -387,6 +390,7 @@ class PrivateModel(tf.keras.Model):
                                              if self.config.privacy_unit.is_user_level else 1)
             out["static_batch"] = {"size": self.static_plan.size, "example_slots": slots,
                                    "truncation_probability_per_step": self.static_plan.truncation_probability,
+                                   "slot_overflow_probability_per_step": self.static_plan.slot_overflow_probability,
                                    "truncation_delta_share": ledger.truncation_delta_share(
                                        self._charge.delta, self._charge.step.accountant) if ledger.is_private else None}
         if reasons:

@@ -61,6 +61,21 @@ class PrivateStep:
         # autograph off: the step has no tensor-dependent Python control flow, and
         # converting Keras and the clipping code costs tens of seconds per trace.
         self._step = tf.function(self._run, jit_compile=jit_compile, reduce_retracing=True, autograph=False)
+        self._compiled = jit_compile
+
+    def reserve(self, steps: int) -> None:
+        """Room for ``steps`` more steps in the mechanism's per-step state, so XLA compiles the step once.
+
+        Each compiled call made eagerly reserves one step anyway (a compiled step cannot grow state);
+        a caller that traces this step into its own ``tf.function`` (the trainers) reserves its whole
+        run first. Example: ``step.reserve(loop.steps)``.
+        """
+        self.optimizer.mechanism.reserve_steps(steps)
+
+    def _call_step(self, *args):
+        if self._compiled and tf.executing_eagerly():
+            self.reserve(1)
+        return self._step(*args)
 
     def _forward_loss(self, features, labels) -> tuple:
         predictions = self.model(features, training=True)
@@ -83,8 +98,8 @@ class PrivateStep:
             raise ValueError(f"PrivateStep(unit={self.unit.describe()}) got user_ids={'None' if user_ids is None else '...'}"
                              ": the user level needs the batch's user ids, the example level takes none")
         if user_ids is None:
-            return self._step(features, labels)
-        return self._step(features, labels, user_ids)
+            return self._call_step(features, labels)
+        return self._call_step(features, labels, user_ids)
 
     def padded(self, features, labels, example_mask, user_ids=None) -> dict:
         """One step on a fixed-shape batch: ``example_mask`` (``[P]``, 1 on real slots) drops the padded slots.
@@ -99,4 +114,4 @@ class PrivateStep:
         if (user_ids is None) == self.unit.is_user_level:
             raise ValueError(f"PrivateStep(unit={self.unit.describe()}).padded got user_ids="
                              f"{'None' if user_ids is None else '...'}: the user level needs the batch's user ids")
-        return self._step(features, labels, user_ids, example_mask)
+        return self._call_step(features, labels, user_ids, example_mask)

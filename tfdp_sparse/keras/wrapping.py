@@ -120,6 +120,9 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
     shape = RunShape(config.num_units, batch_size, config.total_steps, learning_rate)
     setup = prepare_private(model, settings, shape, options, mechanism)
     static = config.static_plan(setup.resolved.delta)
+    if static is not None:  # the mechanism's own fixed slots (DP-AdaFEST's compiled false positives) truncate too
+        static = dataclasses.replace(static, slot_overflow_probability=setup.optimizer.mechanism.fixed_shape_truncation(
+            model))
     accounting, certified = setup.accounting, setup.resolved.certified_steps
     if static is not None:
         # Truncation adds to δ at the run's ε, which σ's calibration did not see: the budget is checked step by

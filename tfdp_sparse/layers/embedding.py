@@ -58,6 +58,7 @@ from tfdp_sparse.clipping import taps
 from tfdp_sparse.distribute.shards import is_sharded, locate_rows
 from tfdp_sparse.keras_stack import as_tf_variable, is_keras_3, sublayers
 from tfdp_sparse.layers.read_hooks import ReadHook, ReadHooks  # noqa: F401 (ReadHook re-exported)
+from tfdp_sparse.xla import unique_ids
 
 _COMBINERS = ("sum", "mean")
 
@@ -176,7 +177,7 @@ class DPEmbedding(tf.keras.layers.Layer):
             return self._sharded_read(ids, tf.ones_like(ids, tf.bool), checks, training)
         if self._hooks(training):
             with tf.control_dependencies(checks):
-                checks += self._run_hooks(tf.unique(ids)[0], training)
+                checks += self._run_hooks(unique_ids(ids), training)
         with tf.control_dependencies(checks):
             return tf.nn.embedding_lookup(self.table, ids)
 
@@ -263,7 +264,7 @@ class DPEmbedding(tf.keras.layers.Layer):
             return ids, self._sharded_read(ids, valid, checks, training)
         safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
         if self._hooks(training):
-            checks += self._run_hooks(tf.unique(tf.boolean_mask(ids, valid))[0], training)
+            checks += self._run_hooks(unique_ids(ids, valid), training)
         with tf.control_dependencies(checks):
             rows = tf.nn.embedding_lookup(self.table, safe_ids)  # ResourceGather [B, L, d]
         return ids, rows

@@ -20,7 +20,8 @@ layer's ``save_own_variables`` (Keras 3's ``model.save`` / ``save_weights``)
 runs the inference hooks of every row before the tables are written. Both
 live on the layer instance (no module-level map), as
 :func:`tfdp_sparse.clipping.registry.attach_taps`'s wrappers do. This module
-imports TensorFlow only (no keras-rs, no mechanism).
+imports TensorFlow and :mod:`tfdp_sparse.xla` only (no keras-rs, no mechanism). Under XLA the ids a hook
+receives are fixed-size slots, ``-1`` in the empty ones (:func:`tfdp_sparse.xla.unique_ids`).
 
 Example::
 
@@ -37,6 +38,8 @@ import weakref
 from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import tensorflow as tf
+
+from tfdp_sparse.xla import unique_ids
 
 ReadHook = Callable[..., Optional[object]]
 
@@ -132,7 +135,7 @@ class HookedTables:
         hooks = self._hooks[name]
         if not hooks.hooks(training):
             return []
-        return hooks.run(self._tables[name], tf.unique(tf.reshape(ids, [-1]))[0], training)
+        return hooks.run(self._tables[name], unique_ids(ids, tf.ones_like(tf.reshape(ids, [-1]), tf.bool)), training)
 
     def before_read_all(self, training) -> list:
         """Runs every table's hooks as for a read of all its rows (builds nothing without hooks)."""

@@ -83,8 +83,11 @@ from tfdp_sparse.mechanisms.plans.adafest import (  # noqa: F401 (settings re-ex
     sigmas_from_ratio,
     validate_filter_settings,
 )
+from tfdp_sparse.mechanisms import adafest_static
+from tfdp_sparse.selection.false_positive_slots import SLOT_OVERFLOW
 from tfdp_sparse.selection.false_positives import false_positive_probability, sample_false_positives_tf
 from tfdp_sparse.tables import table_refs
+from tfdp_sparse.xla import in_xla_context
 
 
 # ----------------------------------------------------------------------------
@@ -114,6 +117,8 @@ def distinct_lookups(ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     Sorting each row makes repeats adjacent: O(B L log L), no key of size
     ``B * c`` (which could overflow for huge tables).
     """
+    if in_xla_context():
+        return adafest_static.distinct_lookup_slots(ids)
     ids = tf.cast(ids, tf.int64)
     ordered = tf.sort(ids, axis=1)
     previous = tf.concat([tf.fill([tf.shape(ordered)[0], 1], tf.constant(-1, tf.int64)), ordered[:, :-1]], axis=1)
@@ -133,6 +138,8 @@ def distinct_user_lookups(example: tf.Tensor, bucket: tf.Tensor,
 
     Example: examples ``[0, 0, 1]`` at buckets ``[4, 9, 4]`` of one user give ``([0, 0], [4, 9])``.
     """
+    if in_xla_context():
+        return adafest_static.distinct_user_slots(example, bucket, users)
     owner = tf.gather(tf.cast(users.ids, tf.int64), example)
     count = tf.maximum(tf.cast(users.count, tf.int64), 1)
     keys, _ = tf.unique(bucket * count + owner)
@@ -166,7 +173,7 @@ def contribution_weights(
         example, bucket = distinct_lookups(ids)
         if users is not None:
             example, bucket = distinct_user_lookups(example, bucket, users)
-        n += tf.math.unsorted_segment_sum(tf.ones_like(example, tf.float32), example, batch)
+        n += tf.math.unsorted_segment_sum(tf.cast(bucket >= 0, tf.float32), example, batch)  # -1: an empty slot
         pairs.append((example, bucket))
     weights = tf.minimum(1.0, C1 / tf.sqrt(tf.maximum(n, 1.0)))
     return weights, pairs
@@ -174,6 +181,8 @@ def contribution_weights(
 
 def bucket_counts(example: tf.Tensor, bucket: tf.Tensor, weights: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Sorted unique buckets and their true count ``sum_i w_i v_i[j]``."""
+    if in_xla_context():
+        return adafest_static.bucket_count_slots(example, bucket, weights)
     order = tf.argsort(bucket)
     bucket = tf.gather(bucket, order)
     example = tf.gather(example, order)
@@ -200,9 +209,13 @@ def threshold(
     tensor (``num_buckets`` may be ~1e9).
     """
     tau, sigma1, C1 = validate_filter_settings(tau, sigma1, C1)
+    p = false_positive_probability(tau, sigma1, C1)
+    if in_xla_context():  # fixed-size slots, -1 in the empty ones (:mod:`.adafest_static`)
+        kept_true, false_positives = adafest_static.threshold_slots(looked_up, counts, num_buckets, tau=tau,
+                                                                    sigma1=sigma1, C1=C1, p=p, rng=rng)
+        return TableFilter(looked_up, counts, kept_true, false_positives)
     noisy = counts + rng.normal(tf.shape(counts), stddev=sigma1 * C1, dtype=tf.float32)
     kept_true = tf.boolean_mask(looked_up, noisy >= tau)
-    p = false_positive_probability(tau, sigma1, C1)
     seed = rng.make_seeds(1)[:, 0]
     false_positives = sample_false_positives_tf(int(num_buckets), looked_up, p, seed)
     return TableFilter(looked_up, counts, kept_true, false_positives)
@@ -266,6 +279,9 @@ def sparse_noised_gradient(
 
     Returns the ``IndexedSlices`` (unique indices) and the values it writes.
     """
+    if in_xla_context():
+        return adafest_static.noised_gradient_slots(mech.gaussian_noise, grad, var, kept_true, false_positives,
+                                                    stddev)
     width = int(var.shape[-1])
     rows = sum_rows_at(grad, kept_true, width)
     ids = tf.concat([tf.cast(kept_true, tf.int64), tf.cast(false_positives, tf.int64)], axis=0)
@@ -317,6 +333,10 @@ class AdaFEST(Mechanism):
       l2_norm_clip: ``C2``, the per-example gradient clip norm.
       seed: seed of the noise generator.
     """
+
+    def __init__(self, plan: AdaFESTPlan, noise=None):
+        super().__init__(plan, noise)
+        self._fixed_shapes_charged = False  # set by fixed_shape_truncation: compiled steps may run
 
     @classmethod
     def of(cls, sigma1: float, sigma2: float, C1: float, l2_norm_clip: float, tau: Optional[float] = None,
@@ -370,7 +390,25 @@ class AdaFEST(Mechanism):
                               [variables[i].name for i in tables], users)
         return dict(zip(tables, filters))
 
+    def fixed_shape_truncation(self, model) -> float:
+        """Per step, the probability that a compiled step's false-positive slots overflow: ``SLOT_OVERFLOW`` per table.
+
+        Each table's slots overflow with probability at most ``SLOT_OVERFLOW``
+        (:func:`tfdp_sparse.selection.false_positive_slots.false_positive_slots`); the setup charges the sum to
+        δ (union bound), after which a step may compile. Example: 26 tables -> ``2.6e-11``.
+        """
+        self._fixed_shapes_charged = True
+        return min(1.0, len(table_refs(model)) * SLOT_OVERFLOW)
+
+    def _check_compiled(self) -> None:
+        if in_xla_context() and not self._fixed_shapes_charged:
+            raise ValueError(
+                f"{self._label} under XLA draws its false positives into fixed slots whose rare overflow is charged "
+                "to delta by the run's setup: use make_private(static_batch=True) or the trainers' --static_batch "
+                "(which charge it), or jit_compile=False; XLA cannot compile the Binomial draw of other runs")
+
     def apply(self, step: StepGrads) -> NoisedGradients:
+        self._check_compiled()
         grads, variables = step.grads, step.variables
         lookups = check_lookups(grads, variables, step.is_table, step.lookups, self._label)
         by_index = self._table_filters(lookups, variables, step.is_table, step.users)

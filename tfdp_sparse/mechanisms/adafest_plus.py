@@ -84,13 +84,22 @@ def filter_in_domains(
     for result, domain in zip(filters, domains):
         out.append(
             adafest.TableFilter(
-                looked_up=tf.gather(domain, result.looked_up),
+                looked_up=_rows_of(domain, result.looked_up),
                 counts=result.counts,
-                kept_true=tf.gather(domain, result.kept_true),
-                false_positives=tf.gather(domain, result.false_positives),
+                kept_true=_rows_of(domain, result.kept_true),
+                false_positives=_rows_of(domain, result.false_positives),
             )
         )
     return out
+
+
+def _rows_of(domain: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
+    """Row ids at ``positions`` of the sorted ``domain``; an empty slot (``-1``, under XLA) stays ``-1``.
+
+    Example: domain ``[2, 5, 7]``, positions ``[2, -1]`` -> ``[7, -1]``.
+    """
+    rows = tf.gather(tf.cast(domain, tf.int64), tf.maximum(positions, 0))
+    return tf.where(positions >= 0, rows, tf.constant(-1, tf.int64))
 
 
 class AdaFESTPlus(UsesSelection, adafest.AdaFEST):

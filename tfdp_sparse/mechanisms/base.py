@@ -65,6 +65,7 @@ from tfdp_sparse.mechanisms.dense_noise import DenseNoiseBlocks
 from tfdp_sparse.mechanisms.plans.base import Plan
 from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.noise_source import NoiseSource
+from tfdp_sparse.xla import in_xla_context
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
 #: What a rule's ``noise`` argument may be: ``None`` (OS entropy), a seed (reproducible, not private), a NoiseSource.
@@ -150,10 +151,42 @@ class StepGrads:
 
 
 def sum_duplicates(slices: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
-    """``(unique_ids, summed_rows)`` of an ``IndexedSlices`` with repeats."""
+    """``(unique_ids, summed_rows)`` of an ``IndexedSlices`` with repeats (under XLA: slots, :func:`sum_duplicate_slots`)."""
+    if in_xla_context():
+        return sum_duplicate_slots(slices)[:2]
     unique_ids, position = tf.unique(slices.indices)
     summed = tf.math.unsorted_segment_sum(slices.values, position, tf.size(unique_ids))
     return unique_ids, summed
+
+
+def sum_duplicate_slots(slices: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """``(ids, summed rows, filled)``: each id of ``slices`` once with the sum of its rows.
+
+    Outside XLA: the unique ids (``filled`` all true). Under XLA a dynamic size
+    is what compiled ops mishandle (a ``tf.unique`` output fed to a sort reads
+    garbage), so there is one slot per entry: the ids sorted, each id's sum in
+    its first slot; the other slots (``filled`` false) repeat a filled id (row
+    0 if none) with a zero row, so sums over ids are unchanged. A rule that
+    adds noise per row adds it where ``filled`` only.
+
+    Example: ids ``[3, 5, 3]``, rows ``[1], [2], [4]`` -> ``[3, 5]``, ``[[5], [2]]``; under XLA
+    ``[3, 3, 5]``, ``[[5], [0], [2]]``, filled ``[True, False, True]``.
+    """
+    if not in_xla_context():
+        ids, summed = sum_duplicates(slices)
+        return ids, summed, tf.ones_like(ids, tf.bool)
+    ids = tf.cast(slices.indices, tf.int64)
+    order = tf.argsort(ids)
+    ordered, values = tf.gather(ids, order), tf.gather(slices.values, order)
+    first = ordered != tf.concat([ordered[:1] - 1, ordered[:-1]], axis=0)
+    run = tf.cumsum(tf.cast(first, tf.int32)) - 1
+    sums = tf.math.unsorted_segment_sum(values, run, tf.shape(ordered)[0])
+    filled = first & (ordered >= 0)
+    mask = tf.reshape(filled, tf.concat([tf.shape(filled), tf.ones([tf.rank(values) - 1], tf.int32)], axis=0))
+    summed = tf.where(mask, tf.gather(sums, run), tf.zeros_like(values))
+    head = tf.gather(ordered, tf.argmax(tf.cast(filled, tf.int32), output_type=tf.int32))
+    filler = tf.where(tf.reduce_any(filled), head, tf.zeros_like(head))
+    return tf.where(filled, ordered, filler), summed, filled
 
 
 def sum_rows_at(grad: Optional[tf.IndexedSlices], sorted_ids: tf.Tensor, width: int) -> tf.Tensor:
@@ -349,6 +382,26 @@ class Mechanism(tf.Module, abc.ABC):
 
     def flush(self) -> None:
         """Applies all deferred noise (no-op unless the mechanism defers noise)."""
+
+    def fixed_shape_truncation(self, model) -> float:
+        """Per step, the probability that this rule's own fixed-size slots truncate in a compiled step.
+
+        The setup of a fixed-shape run (``make_private(static_batch=...)``,
+        ``--static_batch``) adds it to the batch's truncation probability,
+        charged to δ. The default has no such slots: 0. DP-AdaFEST's
+        compiled false positives have some.
+        """
+        del model
+        return 0.0
+
+    def reserve_steps(self, steps: int) -> None:
+        """Eagerly: room in per-step state for ``steps`` more steps (no-op unless the rule keeps such state).
+
+        A step compiled by XLA cannot grow a variable; drivers call this before
+        compiled steps (``fit`` with the steps it will run, ``PrivateStep``
+        before each call). LazyDP's rate record is such state.
+        """
+        del steps
 
     def mark_shard_rows(self, table, parts: list) -> list:
         """Ops run with a sharded table's update: ``parts`` holds each shard's ``IndexedSlices`` (local ids).

@@ -54,6 +54,7 @@ from tfdp_sparse.mechanisms.lazydp_catchup import _no_autograph
 from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, history_rows
 from tfdp_sparse.mechanisms.plans.dpfest import DPFESTPlan, KeptNoise
 from tfdp_sparse.mechanisms.tables import variable_device, variable_key
+from tfdp_sparse.xla import in_xla_context
 
 
 class LazyDPFEST(DPFESTRule, LazyDP):
@@ -116,18 +117,28 @@ class LazyDPFEST(DPFESTRule, LazyDP):
         return out
 
     def _rows_to_noise(self, grad: tf.IndexedSlices, domain: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """The touched *kept* rows and their summed gradients (other rows' gradients are dropped)."""
+        """The touched *kept* rows and their summed gradients (other rows' gradients are dropped).
+
+        Under XLA the shape stays static: the other touched rows stay in the slices with zero
+        gradients (plain SGD moves them by nothing; a dynamic size is what XLA mishandles).
+        """
         ids, summed = sum_duplicates(grad)
         ids = tf.cast(ids, tf.int64)
         kept = to_domain_positions(ids, domain) >= 0
+        if in_xla_context():
+            return ids, tf.where(kept[:, tf.newaxis], summed, tf.zeros_like(summed))
         return tf.boolean_mask(ids, kept), tf.boolean_mask(summed, kept)
 
+    def _owes(self, last: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+        """The read rows that owe noise: most rows a batch reads are outside the kept set (``NEVER_OWES``)."""
+        return last < k
+
     def _owing_rows(self, ids: tf.Tensor, last: tf.Tensor, k: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Only the read rows that owe noise: most rows a batch reads are outside the kept set.
+        """Only the read rows that owe noise (:meth:`_owes`).
 
         Example: ids ``[4, 7, 9]``, last ``[2, NEVER_OWES, 3]``, ``k = 3`` -> ``([4], [2])``.
         """
-        owes = last < k
+        owes = self._owes(last, k)
         return tf.boolean_mask(ids, owes), tf.boolean_mask(last, owes)
 
     @_no_autograph

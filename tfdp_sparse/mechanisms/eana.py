@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_duplicates
+from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_duplicate_slots
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.plans.eana import KNOBS, NOT_PRIVATE_REASON, EANAPlan, plan_from_config  # noqa: F401
 
@@ -49,12 +49,12 @@ def noise_unique_rows(
     Returns the noised ``IndexedSlices`` (unique indices) and the number of
     values it writes (int64).
     """
-    unique_ids, summed = sum_duplicates(grad)
+    unique_ids, summed, filled = sum_duplicate_slots(grad)  # under XLA: slots, noise only where filled
     noise = mech.gaussian_noise(tf.shape(summed), stddev)
-    values = summed + noise
+    values = summed + tf.where(filled[:, tf.newaxis], noise, tf.zeros_like(noise))
     width = tf.cast(tf.shape(values)[1], tf.int64)
     out = tf.IndexedSlices(values, tf.cast(unique_ids, tf.int64), grad.dense_shape)
-    return out, tf.cast(tf.size(unique_ids), tf.int64) * width
+    return out, tf.math.count_nonzero(filled, dtype=tf.int64) * width
 
 
 class EANA(Mechanism):

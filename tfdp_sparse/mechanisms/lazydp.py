@@ -74,8 +74,11 @@ keras-rs ``DistributedEmbedding``, hooked by the Keras 3 adapter)
 (a plain ``tf.keras.layers.Embedding`` cannot be caught up before it is
 read: refused, or given dense DP-SGD noise with ``dense_fallback=True``).
 Every bound, trainable table is assumed to be trained at every step (as in
-DP-SGD, which noises all trainable variables). ``jit_compile`` is refused
-(catch-up reads a data-dependent number of rows).
+DP-SGD, which noises all trainable variables). Under ``jit_compile`` (XLA)
+the catch-up draws for one fixed-size slot per lookup of the batch
+(:meth:`~.lazydp_catchup.LazyCatchUp._owed_slots`), and the drivers reserve the
+rate record's room beforehand (:meth:`~.lazydp_catchup.LazyCatchUp.reserve_steps`);
+mirrored replicas, parameter servers and ``aggregate=False`` are refused there by name.
 
 ``aggregate=False`` draws one Gaussian per skipped step and row (the paper's
 baseline without aggregated sampling, for benchmarks); same distribution,
@@ -103,7 +106,7 @@ from tfdp_sparse.mechanisms.base import Gradient, Mechanism, Noise, NoisedGradie
 from tfdp_sparse.mechanisms.binding import bound_mechanisms  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.lazydp_binding import LazyBinding, _Tables
-from tfdp_sparse.mechanisms.lazydp_catchup import STEP_MISMATCH, LazyCatchUp, _no_autograph, _refuse_xla
+from tfdp_sparse.mechanisms.lazydp_catchup import STEP_MISMATCH, LazyCatchUp, _no_autograph
 from tfdp_sparse.mechanisms.lazydp_replicas import LazyReplicas
 from tfdp_sparse.mechanisms.lazydp_sharded import LazySharded
 from tfdp_sparse.mechanisms.tables import variable_key
@@ -170,7 +173,6 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
     def apply(self, step: StepGrads) -> NoisedGradients:
         """Sparse noise on touched rows of bound tables, dense noise elsewhere (see module doc)."""
         context = self._step_context(step)
-        _refuse_xla()
         if any(step.is_table) and not self._tables.bound:
             raise ValueError(
                 "LazyDP.privatize: call mechanism.bind_model(model) before training, so the rows of every "

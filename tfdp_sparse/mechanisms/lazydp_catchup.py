@@ -44,13 +44,11 @@ _no_autograph = tf.autograph.experimental.do_not_convert
 _FLUSH_BLOCK_VALUES = 1 << 24
 
 
-def _refuse_xla() -> None:
+def _refuse_xla(what: str) -> None:
+    """Refuses, by name, the LazyDP paths XLA cannot compile (``what`` says which and why)."""
     if in_xla_context():
-        raise ValueError(
-            "LazyDP does not support jit_compile=True: catching rows up reads a data-dependent number of "
-            "rows and the rate history grows, which XLA cannot compile; use jit_compile=False (a "
-            "performance setting only)"
-        )
+        raise ValueError(f"LazyDP under jit_compile=True: {what}; use jit_compile=False (a performance setting "
+                         "only) for it")
 
 
 def _in_save_context() -> bool:
@@ -80,6 +78,8 @@ def _record_rate(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     is written on its own server without a branch (a ``tf.cond`` there costs round trips every step) and
     refuses a step past its capacity.
     """
+    if in_xla_context() and not cum.shape.is_fully_defined():
+        return _record_rate_compiled(cum, lr, step)
     if cum.shape.is_fully_defined():
         capacity = int(cum.shape[0])
         ready = tf.debugging.assert_less(
@@ -100,6 +100,22 @@ def _record_rate(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     with tf.control_dependencies([ready]), tf.device(device):
         total = tf.gather(cum, step - 1) + lr * lr
         return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(step, [1])))
+
+
+def _record_rate_compiled(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+    """:func:`_record_rate` in a step compiled by XLA, which cannot grow ``cum``: fails closed when it is full.
+
+    The drivers reserve room before compiled steps (:meth:`LazyCatchUp.reserve_steps`). A step past the
+    room (a loop of the user's that did not reserve) writes NaN as the last rate sum: every later
+    catch-up draws NaN noise, so the tables become NaN. A model ruined that way reveals nothing; a
+    clamped or dropped write would have under-noised rows silently. (XLA drops ``tf.debugging``
+    assertions, so no in-graph check could stop the step.)
+    """
+    size = tf.shape(cum)[0]
+    total = tf.where(step < size, tf.gather(cum, tf.minimum(step, size) - 1) + lr * lr,
+                     tf.constant(float("nan"), tf.float64))
+    index = tf.minimum(step, size - 1)
+    return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(index, [1])))
 
 
 #: Why a step is refused when the mechanism's step record and the optimizer's step disagree.
@@ -199,8 +215,9 @@ class LazyCatchUp:
         i = self._hook_target(table)
         if i is None:
             return None
-        _refuse_xla()
-        if replica_catch_up_needed(table):  # mirrored replicas: once per global batch (:mod:`.lazydp_replicas`)
+        if replica_catch_up_needed(table):
+            # mirrored replicas: once per global batch (:mod:`.lazydp_replicas`)
+            _refuse_xla("the once-per-global-batch catch-up of mirrored replicas is not compiled")
             return self._replica_catch_up(table, unique_ids)
         if is_sharded(table) and self.aggregate:  # :mod:`.lazydp_sharded`: drawn and written on the servers
             if shard_ids is None:  # the caller reads the rows itself, after the writes
@@ -209,6 +226,11 @@ class LazyCatchUp:
         ids, noise = self.owed_rows(table, unique_ids, self._completed())
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
         return table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
+
+    def _owes(self, last: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+        """Which read rows a catch-up draws for (bool, like ``last``): LazyDP, all of them (see :meth:`_owing_rows`)."""
+        del k
+        return tf.ones_like(last, tf.bool)
 
     def _owing_rows(self, ids: tf.Tensor, last: tf.Tensor, k: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``(ids, last)`` of the read rows a catch-up draws for: LazyDP, all of them.
@@ -236,12 +258,59 @@ class LazyCatchUp:
         ids = tf.cast(unique_ids, tf.int64)
         history = self._histories[i]
         k = tf.cast(completed_steps, tf.int32)
+        if in_xla_context():
+            return self._owed_slots(history, ids, k, width)
         ids, last = self._owing_rows(ids, history_rows(history, ids), k)
         noise = self._deferred_noise(last, k, tf.stack([tf.size(ids), width]), self._scale())
         with tf.control_dependencies([noise]):
             update = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))
         with tf.control_dependencies([update]):
             return tf.identity(ids), tf.identity(noise)
+
+    def _owed_slots(self, history: tf.Variable, slots: tf.Tensor, k: tf.Tensor, width: int
+                    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """:meth:`owed_rows` at a fixed size, for XLA: one slot per read entry, ``-1`` in the empty ones.
+
+        Every slot draws (a static shape); empty slots and rows that owe nothing get zero noise. An
+        empty slot stands for the first valid row (``0`` if none), so the history and table writes
+        at duplicate ids agree: ``max(last, k)`` wherever a row is valid, the unchanged ``last``
+        when none is. Nothing is dropped: there are as many slots as the batch has lookups.
+
+        Example: slots ``[3, 7, -1]``, ``k = 5`` -> ids ``[3, 7, 3]``, noise ``[n3, n7, 0]``.
+        """
+        if not self.aggregate:
+            _refuse_xla("aggregate=False (one draw per skipped step, a benchmark baseline) loops over a "
+                        "data-dependent number of steps")
+        valid = slots >= 0
+        any_valid = tf.reduce_any(valid)
+        first = tf.gather(slots, tf.argmax(tf.cast(valid, tf.int32), output_type=tf.int32))
+        ids = tf.where(valid, slots, tf.where(any_valid, first, tf.zeros_like(first)))
+        last = history_rows(history, ids)
+        owes = valid & self._owes(last, k)
+        noise = self._deferred_noise(last, k, tf.stack([tf.size(ids), width]), self._scale())
+        noise = tf.where(owes[:, tf.newaxis], noise, tf.zeros_like(noise))
+        with tf.control_dependencies([noise]):
+            marked = tf.where(any_valid, tf.maximum(last, k), last)
+            update = history.scatter_update(tf.IndexedSlices(marked, ids))
+        with tf.control_dependencies([update]):
+            return tf.identity(ids), tf.identity(noise)
+
+    def reserve_steps(self, steps: int) -> None:
+        """Eagerly grows the rate record ``lr_sq_cumsum`` to hold ``steps`` more steps (a compiled step cannot).
+
+        Room for ``completed_steps + steps + 1`` entries, at least doubled when it grows; fixed-length
+        records (a cluster's) are left as they are. Example: ``mech.reserve_steps(5000)`` before a
+        ``fit`` of 5000 compiled steps: XLA then compiles the step once.
+        """
+        steps = int(steps)
+        if steps < 0:
+            raise ValueError(f"reserve_steps({steps}): the number of steps must be >= 0")
+        need = int(self.completed_steps.numpy()) + steps + 1
+        for cum in [self.lr_sq_cumsum, *self._rate_copies]:
+            size = int(cum.shape[0]) if cum.shape.is_fully_defined() else int(tf.shape(cum)[0].numpy())
+            if cum.shape.is_fully_defined() or size >= need:
+                continue
+            cum.assign(tf.concat([cum, tf.zeros([max(need, 2 * size) - size], tf.float64)], axis=0))
 
     @_no_autograph
     def _inference_hook(self, table: tf.Variable, unique_ids: tf.Tensor):

@@ -10,7 +10,8 @@ step, so no step overruns the target because of it.
 
 Example::
 
-    static, charge = static_shape(loop, resolved, n, unit, setup.accounting)   # (None, charge) when off
+    static, charge = static_shape(loop, resolved, n, unit, setup.accounting,
+                                  mechanism.fixed_shape_truncation(model))   # (None, charge) when off
     planned, why = plan_steps(with_truncation(ledger, static, loop.steps), charge.event, loop, resolved)
 """
 from __future__ import annotations
@@ -30,10 +31,12 @@ log = logging.getLogger("tfdp_sparse.train")
 
 
 def static_shape(loop: LoopConfig, resolved: ResolvedPrivacy, num_units: int, unit: PrivacyUnitConfig,
-                 charge: StepAccounting) -> tuple[Optional[StaticBatchPlan], StepAccounting]:
+                 charge: StepAccounting, slot_overflow: float = 0.0) -> tuple[Optional[StaticBatchPlan], StepAccounting]:
     """``(plan, charge)``: the fixed shape of the run and the step charge with its truncation (``None`` when off).
 
-    At the user level the size counts users (each with ``k`` example slots). Refuses shuffled batches.
+    At the user level the size counts users (each with ``k`` example slots). ``slot_overflow``: per step,
+    the probability that the mechanism's own fixed slots overflow (``Mechanism.fixed_shape_truncation``),
+    charged with the batch's. Refuses shuffled batches.
     """
     if not loop.performance.static_batch:
         return None, charge
@@ -41,7 +44,8 @@ def static_shape(loop: LoopConfig, resolved: ResolvedPrivacy, num_units: int, un
         raise ValueError("--static_batch pads Poisson batches: it is not supported with --sampling=shuffle "
                          "(fixed-size batches already)")
     target = resolved.privacy.target_epsilon
-    plan = StaticBatchPlan.for_run(num_units, resolved.q, loop.steps, resolved.delta, target)
+    plan = dataclasses.replace(StaticBatchPlan.for_run(num_units, resolved.q, loop.steps, resolved.delta, target),
+                               slot_overflow_probability=slot_overflow)
     epsilon = target if target is not None else SIZING_EPSILON
     slots = plan.size * (unit.max_examples_per_user if unit.is_user_level else 1)
     log.info("fixed batch shape: %d %s (%d example slots) for an expected %d (truncation probability %.3g per step, "

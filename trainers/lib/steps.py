@@ -86,15 +86,17 @@ def make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_spli
     (:func:`trainers.lib.user_level.check_user_level`).
     """
     if loop.performance.embedding_backend is EmbeddingBackend.KERAS:
-        return PrivateStep(model, loss_fn, optimizer, jit_compile=loop.performance.jit_compile, unit=unit)
+        step = PrivateStep(model, loss_fn, optimizer, jit_compile=loop.performance.jit_compile, unit=unit)
+        step.reserve(loop.steps)  # room for the whole run in per-step state: XLA compiles once
+        return step
     if tpu_split is None:
         raise ValueError(f"embedding_backend={loop.performance.embedding_backend.value} needs the trainer's tpu_split "
                          "(how to cut the model at its lookups); this trainer gives none")
-    if loop.performance.jit_compile:
-        raise ValueError("jit_compile is not supported with the TPU embedding program on CPU")
     from tfdp_sparse.layers.tpu.train_step import make_train_step
 
-    return make_train_step(model, tpu_split, loss_fn, optimizer, loop.performance.embedding_backend, loop.batch_size)
+    optimizer.mechanism.reserve_steps(loop.steps)  # room for the whole run in per-step state: XLA compiles once
+    return make_train_step(model, tpu_split, loss_fn, optimizer, loop.performance.embedding_backend, loop.batch_size,
+                           jit_compile=loop.performance.jit_compile)
 
 
 def _flush_board(board: Optional[tensorboard.TrainingLog], step: int, epsilon: Optional[float]) -> None:

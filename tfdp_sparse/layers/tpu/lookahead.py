@@ -29,6 +29,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.xla import unique_ids
 
 
 def catch_up(mechanism: Mechanism, table: tf.Variable, unique_ids: tf.Tensor,
@@ -46,4 +47,4 @@ def catch_up(mechanism: Mechanism, table: tf.Variable, unique_ids: tf.Tensor,
 def unique_read_ids(ids: tf.Tensor) -> tf.Tensor:
     """The distinct valid ids of a ``[B, L]`` lookup, in the order the ``DPEmbedding`` read hook sees them."""
     ids = tf.cast(ids, tf.int64)
-    return tf.unique(tf.boolean_mask(ids, ids >= 0))[0]
+    return unique_ids(ids)

@@ -23,6 +23,8 @@ from typing import Optional, Union
 
 import tensorflow as tf
 
+from tfdp_sparse.xla import in_xla_context
+
 Rows = Union[tf.IndexedSlices, tf.Tensor, None]
 
 
@@ -43,8 +45,11 @@ def pack_rows(rows: Rows, num_slots: int, width: int, table: str,
     """``(ids [K], values [K, width])`` of ``rows`` (plus ``extra = (ids, values)`` rows), summed per id.
 
     Raises ``InvalidArgumentError`` at run time when more than ``K`` distinct
-    rows must be updated.
+    rows must be updated. Compiled by XLA, which drops run-time checks, it
+    fails closed instead (:func:`pack_rows_static`).
     """
+    if in_xla_context():
+        return pack_rows_static(rows, num_slots, width, extra)
     ids, values = unique_rows(rows, width)
     if extra is not None:
         ids, position = tf.unique(tf.concat([ids, tf.cast(extra[0], tf.int64)], axis=0))
@@ -61,3 +66,36 @@ def pack_rows(rows: Rows, num_slots: int, width: int, table: str,
     padded_ids = tf.concat([ids, tf.zeros([pad], tf.int64)], axis=0)
     padded_values = tf.concat([values, tf.zeros(tf.stack([pad, width]), tf.float32)], axis=0)
     return tf.reshape(padded_ids, [num_slots]), tf.reshape(padded_values, [num_slots, width])
+
+
+def pack_rows_static(rows: Rows, num_slots: int, width: int,
+                     extra: Optional[tuple[tf.Tensor, tf.Tensor]] = None) -> tuple[tf.Tensor, tf.Tensor]:
+    """:func:`pack_rows` at static shapes, for XLA: sorted ids summed into ``K`` slots (``K + 1`` segments).
+
+    A row past the ``K``-th distinct id goes to a discarded segment, and then
+    every value is NaN: an overflow ruins the tables visibly rather than drop
+    a row's noise (XLA drops ``tf.debugging`` checks, so no error can stop the
+    step). The default ``K`` (the vocabulary) never overflows.
+
+    Example (K = 2): rows ``[1], [2], [4]`` at ids ``[7, 3, 7]`` -> ids ``[3, 7]``, values ``[[2], [5]]``.
+    """
+    if rows is None:
+        ids, values = tf.zeros([0], tf.int64), tf.zeros([0, width], tf.float32)
+    elif isinstance(rows, tf.IndexedSlices):
+        ids, values = tf.cast(rows.indices, tf.int64), tf.cast(rows.values, tf.float32)
+    else:
+        ids, values = unique_rows(rows, width)
+    if extra is not None:
+        ids = tf.concat([ids, tf.cast(extra[0], tf.int64)], axis=0)
+        values = tf.concat([values, tf.cast(extra[1], tf.float32)], axis=0)
+    order = tf.argsort(ids)
+    ordered, values = tf.gather(ids, order), tf.gather(tf.reshape(values, [-1, width]), order)
+    first = ordered != tf.concat([tf.constant([-2], tf.int64), ordered[:-1]], axis=0)  # ids are >= 0
+    run = tf.cumsum(tf.cast(first, tf.int32)) - 1
+    slot = tf.minimum(run, num_slots)  # slot K: the discarded segment
+    packed = tf.math.unsorted_segment_sum(values, slot, num_slots + 1)[:num_slots]
+    used = tf.math.unsorted_segment_sum(tf.ones_like(slot), slot, num_slots + 1)[:num_slots] > 0
+    packed_ids = tf.where(used, tf.math.unsorted_segment_max(ordered, slot, num_slots + 1)[:num_slots], 0)
+    overflow = tf.reduce_sum(tf.cast(first, tf.int32)) > num_slots
+    packed = tf.where(overflow, tf.fill(tf.shape(packed), float("nan")), packed)
+    return tf.reshape(packed_ids, [num_slots]), tf.reshape(packed, [num_slots, width])

@@ -72,7 +72,7 @@ class TPUPrivateStep:
     """
 
     def __init__(self, split: ModelSplit, plan: TPUEmbeddingPlan, embedding, loss_fn: Callable,
-                 optimizer: DPOptimizer):
+                 optimizer: DPOptimizer, jit_compile: bool = False):
         if not isinstance(optimizer, DPOptimizer):
             raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}")
         names = [layer.name for layer in split.layers]
@@ -91,6 +91,9 @@ class TPUPrivateStep:
                     "look-ahead too, which is not implemented; use the keras backend for this model"
                 )
         self._recorder = optimizer.attach(split.model)  # clipping rules for the head's layers
+        # the TensorCore half (head, clipping, mechanism, packing, dense update): what XLA compiles on a TPU
+        self._core = (tf.function(self._core_step, jit_compile=True, autograph=False, reduce_retracing=True)
+                      if jit_compile else self._core_step)
         self._step = tf.function(self._run, autograph=False, reduce_retracing=True)
         self._prime = tf.function(self._run_prime, autograph=False, reduce_retracing=True)
 
@@ -126,7 +129,23 @@ class TPUPrivateStep:
         self.embedding.enqueue(self._inputs(ids, read_ids), training=True)
         activations = self.embedding.dequeue()
         acts = [activations[s.name] for s in self.plan.specs]
-        reads = {n: (read_ids[n], tf.stop_gradient(activations[n + READ_SUFFIX])) for n in self.plan.read_features}
+        read_acts = {n: tf.stop_gradient(activations[n + READ_SUFFIX]) for n in self.plan.read_features}
+        packed, metrics = self._core(features, labels, acts, read_ids, read_acts, next_features, example_mask,
+                                     next_mask)
+        with tf.control_dependencies(tf.nest.flatten(metrics)):
+            table_op = self._apply_updates(ids, read_ids, packed)
+        with tf.control_dependencies([table_op]):
+            return {name: tf.identity(value) for name, value in metrics.items()}
+
+    def _core_step(self, features, labels, acts: list, read_ids: dict, read_acts: dict, next_features=None,
+                   example_mask=None, next_mask=None) -> tuple[dict, dict]:
+        """``(packed rows per table, metrics)``: everything between the two embedding rounds.
+
+        Compiled by XLA with ``jit_compile=True`` (as a TPU compiles its TensorCore program); the
+        dense variables are updated here, the tables by round 2.
+        """
+        ids = self.split.ids(features)
+        reads = {n: (read_ids[n], read_acts[n]) for n in self.plan.read_features}
         self._recorder.clear()
 
         def forward_loss(x, y):
@@ -153,12 +172,11 @@ class TPUPrivateStep:
                                                   extra=catch_up.get(spec.name))
         dense_op = self._apply_dense(update, tables)
         with tf.control_dependencies([dense_op]):
-            table_op = self._apply_updates(ids, read_ids, packed)
-        with tf.control_dependencies([table_op]):
-            return {
+            packed = {name: (tf.identity(p[0]), tf.identity(p[1])) for name, p in packed.items()}
+            return packed, {
                 "loss": tf.reduce_mean(recorded.losses),
                 "embedding_values": tf.identity(update.embedding_values),
-                "update_rows": tf.add_n([tf.size(tf.unique(p[0])[0]) for p in packed.values()]),
+                "update_rows": tf.add_n([_distinct(p[0]) for p in packed.values()]),
             }
 
     def _lookahead(self, next_features, context, next_mask=None) -> dict:
@@ -214,6 +232,12 @@ class TPUPrivateStep:
         the next batch's, for LazyDP's look-ahead.
         """
         return self._step(features, labels, next_features, example_mask, next_mask)
+
+
+def _distinct(ids: tf.Tensor) -> tf.Tensor:
+    """The number of distinct values of ``ids`` (int32), at static shapes (sort, then count the changes)."""
+    ordered = tf.sort(ids)
+    return tf.reduce_sum(tf.cast(ordered[1:] != ordered[:-1], tf.int32)) + tf.minimum(tf.size(ids), 1)
 
 
 def _padding_dropped(ids: list, example_mask: Optional[tf.Tensor]) -> list:

@@ -68,8 +68,14 @@ def make_train_step(
     batch_size: int,
     update_slots: Optional[Union[int, Mapping[str, int]]] = None,
     strategy: Optional[tf.distribute.Strategy] = None,
+    jit_compile: bool = False,
 ) -> TPUTrainStep:
-    """The TPU program for ``model`` on ``backend`` (``KERAS`` is refused: use ``PrivateStep``)."""
+    """The TPU program for ``model`` on ``backend`` (``KERAS`` is refused: use ``PrivateStep``).
+
+    ``jit_compile``: the step's TensorCore half (head, clipping, mechanism, packing) compiled by XLA, as a
+    TPU compiles it; on the emulator the embedding rounds stay outside. Reserve the run's steps first
+    (``optimizer.mechanism.reserve_steps(steps)``: LazyDP's rate record cannot grow in a compiled step).
+    """
     if backend is EmbeddingBackend.KERAS:
         raise ValueError("make_train_step builds the TPU program; the keras backend uses tfdp_sparse.keras.PrivateStep")
     strategy = strategy if strategy is not None else tf.distribute.get_strategy()
@@ -88,7 +94,7 @@ def make_train_step(
     else:
         with strategy.scope():
             embedding = api(plan.feature_config(), plan.optimizer, pipeline_execution_with_tensor_core=False)
-    return TPUTrainStep(TPUPrivateStep(cut, plan, embedding, loss_fn, optimizer))
+    return TPUTrainStep(TPUPrivateStep(cut, plan, embedding, loss_fn, optimizer, jit_compile=jit_compile))
 
 
 def _is_lazy(optimizer: DPOptimizer) -> bool:

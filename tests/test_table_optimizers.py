@@ -287,9 +287,9 @@ def test_dp_optimizer_checkpoint_holds_table_slots(tmp_path):
         (lambda: TableFTRL(0.1, l1=-1.0), ValueError, r"TableFTRL.l1 must be"),
         (lambda: TableFTRL(0.1, l2=-1.0), ValueError, r"TableFTRL.l2 must be"),
         (lambda: TableFTRL(0.1, initial_accumulator_value=0.0), ValueError, r"initial_accumulator_value > 0"),
-        (lambda: TableOptimizer("adagrad"), TypeError, r"needs a TableRule"),
+        (lambda: TableOptimizer("adagrad"), TypeError, r"needs a TableUpdate"),
         (lambda: DPOptimizer(EANA.of(1.0, 1.0), 0.1, expected_batch_size=8, table_optimizer="adagrad"), TypeError,
-         r"needs a TableRule.*got str"),
+         r"needs a TableUpdate.*got str"),
     ],
 )
 def test_bad_configs_are_refused(make, error, match):

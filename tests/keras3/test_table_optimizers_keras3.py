@@ -138,7 +138,7 @@ def test_lazydp_refuses_row_wise_table_optimizers_by_name(rule):
 
 
 def test_table_optimizer_must_be_a_rule():
-    with pytest.raises(TypeError, match="needs a TableRule .*got str"):
+    with pytest.raises(TypeError, match="needs a TableUpdate .*got str"):
         make_private(ctr_model(), dp(), num_examples=N, batch_size=B, steps=1, loss=BCE, table_optimizer="adagrad")
 
 

@@ -79,7 +79,6 @@ from tfdp_sparse.mechanisms.plans.adafest import (  # noqa: F401 (settings re-ex
     AdaFESTPlan,
     effective_noise_multiplier,
     noise_settings_from_config,
-    plan_from_config,
     sigmas_from_ratio,
     validate_filter_settings,
 )
@@ -424,8 +423,3 @@ class AdaFEST(Mechanism):
             out.append(noised)
             count += values
         return NoisedGradients(out, count)
-
-
-def from_config(config, seed: Optional[int] = None) -> AdaFEST:
-    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.adafest`)."""
-    return AdaFEST(plan_from_config(config), seed)

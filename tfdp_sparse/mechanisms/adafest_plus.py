@@ -31,7 +31,7 @@ Example::
     config = PrivacyConfig(algorithm="adafest_plus", noise_multiplier=1.0,
                            extra=(("k", 5000), ("frequency_file", "prior.csv"),
                                   ("tau", 2.0), ("sigma_ratio", 5.0)))
-    mech = from_config(config, seed=0)
+    mech = tfdp_sparse.mechanisms.build(config, seed=0)   # an AdaFESTPlus
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.mechanisms import adafest
 from tfdp_sparse.mechanisms.bucket_selection import BucketSelection
 from tfdp_sparse.mechanisms.dpfest import UsesSelection, selection_for
-from tfdp_sparse.mechanisms.plans.adafest_plus import KNOBS, AdaFESTPlusPlan, plan_from_config  # noqa: F401
+from tfdp_sparse.mechanisms.plans.adafest_plus import KNOBS, AdaFESTPlusPlan  # noqa: F401
 
 
 def to_domain_positions(ids: tf.Tensor, domain: tf.Tensor) -> tf.Tensor:
@@ -145,8 +145,3 @@ class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
             users=users,
         )
         return dict(zip(tables, filters))
-
-
-def from_config(config, seed: Optional[int] = None) -> AdaFESTPlus:
-    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.adafest_plus`)."""
-    return AdaFESTPlus(plan_from_config(config), seed)

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads
 from tfdp_sparse.mechanisms.plans.base import gaussian_step_event  # noqa: F401 (re-exported)
-from tfdp_sparse.mechanisms.plans.dpsgd import KNOBS, DPSGDPlan, plan_from_config  # noqa: F401 (KNOBS re-exported)
+from tfdp_sparse.mechanisms.plans.dpsgd import KNOBS, DPSGDPlan  # noqa: F401 (KNOBS re-exported)
 
 
 def noise_dense(mech: Mechanism, grad: Optional[tf.Tensor], variable: tf.Variable, stddev: float) -> tf.Tensor:
@@ -61,8 +61,3 @@ class DPSGD(Mechanism):
                 count += int(var.shape.num_elements())
         return NoisedGradients(out, count)
 
-
-
-def from_config(config, seed: Optional[int] = None) -> DPSGD:
-    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.dpsgd`; ``KNOBS`` re-exported)."""
-    return DPSGD(plan_from_config(config), seed)

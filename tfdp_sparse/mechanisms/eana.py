@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_duplicate_slots
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
-from tfdp_sparse.mechanisms.plans.eana import KNOBS, NOT_PRIVATE_REASON, EANAPlan, plan_from_config  # noqa: F401
+from tfdp_sparse.mechanisms.plans.eana import KNOBS, NOT_PRIVATE_REASON, EANAPlan  # noqa: F401
 
 
 def noise_unique_rows(
@@ -94,8 +94,3 @@ class EANA(Mechanism):
                     f"{type(grad).__name__}: clip with tfdp_sparse.clipping so tables stay sparse"
                 )
         return NoisedGradients(out, count)
-
-
-def from_config(config, seed: Optional[int] = None) -> EANA:
-    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.eana`)."""
-    return EANA(plan_from_config(config), seed)

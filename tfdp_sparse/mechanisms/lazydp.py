@@ -111,7 +111,7 @@ from tfdp_sparse.mechanisms.lazydp_replicas import LazyReplicas
 from tfdp_sparse.mechanisms.lazydp_sharded import LazySharded
 from tfdp_sparse.mechanisms.tables import variable_key
 from tfdp_sparse.mechanisms.step_context import StepContext
-from tfdp_sparse.mechanisms.plans.lazydp import KNOBS, LazyDPPlan, parse_bool, plan_from_config  # noqa: F401
+from tfdp_sparse.mechanisms.plans.lazydp import KNOBS, LazyDPPlan, parse_bool  # noqa: F401
 
 _INITIAL_STEPS = 1024
 
@@ -284,8 +284,3 @@ class LazyDP(LazyBinding, LazyCatchUp, LazySharded, LazyReplicas, Mechanism):
         if i is None:
             raise ValueError(f"{getattr(table, 'name', table)!r} is not a table bound to this LazyDP mechanism")
         return self._histories[i]
-
-
-def from_config(config, seed: Optional[int] = None) -> LazyDP:
-    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.lazydp`)."""
-    return LazyDP(plan_from_config(config), seed)

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, unique_row_values
-from tfdp_sparse.mechanisms.plans.nonprivate import KNOBS, NonPrivatePlan, plan_from_config  # noqa: F401 (KNOBS re-exported)
+from tfdp_sparse.mechanisms.plans.nonprivate import KNOBS, NonPrivatePlan  # noqa: F401 (KNOBS re-exported)
 
 
 class NonPrivate(Mechanism):
@@ -38,8 +38,3 @@ class NonPrivate(Mechanism):
                 count += unique_row_values(grad)
         return NoisedGradients(list(step.grads), count)
 
-
-
-def from_config(config, seed: Optional[int] = None) -> NonPrivate:
-    """The mechanism of ``config`` (its plan: :mod:`tfdp_sparse.mechanisms.plans.nonprivate`)."""
-    return NonPrivate(plan_from_config(config), seed)

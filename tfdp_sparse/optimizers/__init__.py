@@ -14,7 +14,7 @@ updates; ``table_optimizer`` the ``tf.Module`` with the slots and the sparse
 gather / update / scatter.
 """
 
-from tfdp_sparse.optimizers.rules import TableAdagrad, TableAdam, TableFTRL, TableRule, TableSGD
+from tfdp_sparse.optimizers.rules import TableAdagrad, TableAdam, TableFTRL, TableUpdate, TableSGD
 from tfdp_sparse.optimizers.table_optimizer import TableOptimizer
 
-__all__ = ["TableAdagrad", "TableAdam", "TableFTRL", "TableOptimizer", "TableRule", "TableSGD"]
+__all__ = ["TableAdagrad", "TableAdam", "TableFTRL", "TableOptimizer", "TableUpdate", "TableSGD"]

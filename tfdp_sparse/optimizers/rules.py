@@ -3,7 +3,7 @@
 Each rule maps the rows a step touches, their slot rows and their gradient
 rows (all ``[n, d]``) to new rows and new slot rows. It never sees the rest
 of the table: :class:`~tfdp_sparse.optimizers.table_optimizer.TableOptimizer`
-gathers the touched rows, calls :meth:`TableRule.update` and scatters the
+gathers the touched rows, calls :meth:`TableUpdate.update` and scatters the
 result back, so a step costs O(touched rows x d) and untouched rows (and
 their slots) keep their values bit for bit.
 
@@ -49,8 +49,8 @@ def _check_beta(name: str, field: str, value: float) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class TableRule:
-    """Base of the row-wise rules: a learning rate and the slots a table needs.
+class TableUpdate:
+    """Base of the row-wise table updates (not a mechanism's *rule*): a learning rate and the slots a table needs.
 
     Subclasses set ``name`` and ``slot_names``, implement
     :meth:`initial_slot_value` and :meth:`update`, and validate their fields in
@@ -87,7 +87,7 @@ class TableRule:
 
 
 @dataclasses.dataclass(frozen=True)
-class TableSGD(TableRule):
+class TableSGD(TableUpdate):
     """Plain SGD on the touched rows: ``row -= lr * g``. No slots.
 
     Example: ``TableSGD(0.1)`` moves a row with gradient ``[2.0]`` by ``-0.2``.
@@ -101,7 +101,7 @@ class TableSGD(TableRule):
 
 
 @dataclasses.dataclass(frozen=True)
-class TableAdagrad(TableRule):
+class TableAdagrad(TableUpdate):
     """Adagrad (Duchi, Hazan & Singer, JMLR 2011), per coordinate, as ``tf.keras.optimizers.Adagrad``.
 
     ``acc += g^2``; ``row -= lr * g / (sqrt(acc) + epsilon)``. The accumulator
@@ -137,7 +137,7 @@ class TableAdagrad(TableRule):
 
 
 @dataclasses.dataclass(frozen=True)
-class TableAdam(TableRule):
+class TableAdam(TableUpdate):
     """Lazy Adam (Kingma & Ba, ICLR 2015): only the touched rows update their moments.
 
     ``m = b1 m + (1 - b1) g``; ``v = b2 v + (1 - b2) g^2``;
@@ -182,7 +182,7 @@ class TableAdam(TableRule):
 
 
 @dataclasses.dataclass(frozen=True)
-class TableFTRL(TableRule):
+class TableFTRL(TableUpdate):
     """FTRL-Proximal (McMahan et al., KDD 2013), per coordinate, as ``tf.keras.optimizers.Ftrl``.
 
     With ``p = -learning_rate_power`` (0.5 by default)::

@@ -1,7 +1,7 @@
 """The slots of a table rule and its sparse application to a noised gradient.
 
 :class:`TableOptimizer` is a ``tf.Module`` holding, per table, the slot
-variables its :class:`~tfdp_sparse.optimizers.rules.TableRule` needs (same
+variables its :class:`~tfdp_sparse.optimizers.rules.TableUpdate` needs (same
 shape and device as the table) and the table's step count. ``build(tables)``
 creates them eagerly (it may be called inside a ``tf.function``: creation is
 lifted out with ``tf.init_scope``); ``apply(grad, table)`` updates one table:
@@ -33,7 +33,7 @@ from typing import Callable, Sequence, Union
 
 import tensorflow as tf
 
-from tfdp_sparse.optimizers.rules import TableRule
+from tfdp_sparse.optimizers.rules import TableUpdate
 
 TableGradient = Union[tf.IndexedSlices, tf.Tensor]
 #: ``(initial value, name) -> non-trainable tf.Variable`` holding it: how a slot or step count is created.
@@ -48,7 +48,7 @@ def plain_variable(initial: tf.Tensor, name: str) -> tf.Variable:
 class _TableSlots(tf.Module):
     """Slot variables and step count of one table."""
 
-    def __init__(self, rule: TableRule, table: tf.Variable, new_variable: NewVariable):
+    def __init__(self, rule: TableUpdate, table: tf.Variable, new_variable: NewVariable):
         super().__init__(name=_slot_prefix(table))
         with tf.init_scope(), tf.device(table.device):
             self.step = new_variable(tf.constant(0, tf.int64), f"{self.name}_step")
@@ -70,17 +70,17 @@ def _sum_duplicates(grad: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 class TableOptimizer(tf.Module):
-    """Applies a :class:`~tfdp_sparse.optimizers.rules.TableRule` to embedding tables, row-wise.
+    """Applies a :class:`~tfdp_sparse.optimizers.rules.TableUpdate` to embedding tables, row-wise.
 
     Args:
       rule: the update (``TableSGD``, ``TableAdagrad``, ``TableAdam``, ``TableFTRL``).
       new_variable: creates each slot and step count (default: a plain ``tf.Variable``).
     """
 
-    def __init__(self, rule: TableRule, name: str = "table_optimizer", new_variable: NewVariable = plain_variable):
-        if not isinstance(rule, TableRule):
+    def __init__(self, rule: TableUpdate, name: str = "table_optimizer", new_variable: NewVariable = plain_variable):
+        if not isinstance(rule, TableUpdate):
             raise TypeError(
-                f"TableOptimizer needs a TableRule (TableSGD, TableAdagrad, TableAdam, TableFTRL), got "
+                f"TableOptimizer needs a TableUpdate (TableSGD, TableAdagrad, TableAdam, TableFTRL), got "
                 f"{type(rule).__name__}"
             )
         super().__init__(name=name)

@@ -50,7 +50,7 @@ from tfdp_sparse.step.attachment import ModelTaps
 from tfdp_sparse.step.update import private_update
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
-from tfdp_sparse.optimizers import TableOptimizer, TableRule
+from tfdp_sparse.optimizers import TableOptimizer, TableUpdate
 from tfdp_sparse.tables import table_refs, variable_key
 
 REFUSED_KWARGS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
@@ -146,7 +146,7 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         momentum: float = 0.0,
         name: str = "DPOptimizer",
         dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None,
-        table_optimizer: Optional[TableRule] = None,
+        table_optimizer: Optional[TableUpdate] = None,
         predraw_dense_noise: bool = False,
         **kwargs,
     ):

@@ -59,7 +59,7 @@ from tfdp_sparse.step.update import private_update
 from tfdp_sparse.keras_stack import as_tf_variable, model_layers
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
-from tfdp_sparse.optimizers import TableOptimizer, TableRule
+from tfdp_sparse.optimizers import TableOptimizer, TableUpdate
 from tfdp_sparse.tables import table_refs
 
 
@@ -94,7 +94,7 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
     def __init__(self, mechanism: Mechanism, learning_rate=0.01, expected_batch_size: Optional[int] = None,
                  momentum: float = 0.0, name: str = "DPOptimizer",
                  dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None,
-                 table_optimizer: Optional[TableRule] = None, **kwargs):
+                 table_optimizer: Optional[TableUpdate] = None, **kwargs):
         for key in REFUSED_KWARGS:
             if kwargs.get(key) not in (None, False):
                 raise ValueError(f"DPOptimizer does not support {key}={kwargs[key]!r}: it would change the "

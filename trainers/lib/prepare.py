@@ -18,7 +18,7 @@ from tfdp_sparse.accounting.releases import PreTrainingRelease
 from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.keras.private_setup import SetupOptions
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
-from tfdp_sparse.optimizers import TableAdagrad, TableAdam, TableFTRL, TableRule, TableSGD
+from tfdp_sparse.optimizers import TableAdagrad, TableAdam, TableFTRL, TableUpdate, TableSGD
 from trainers import tensorboard
 from trainers.lib.checkpoints import SavedRun
 from trainers.lib.config import LoopConfig
@@ -74,7 +74,7 @@ TABLE_RULES = {"sgd": TableSGD, "adagrad": TableAdagrad, "adam": TableAdam, "ftr
 
 
 def make_table_optimizer(name: str, learning_rate: Optional[float],
-                         loop_learning_rate: float) -> Optional[TableRule]:
+                         loop_learning_rate: float) -> Optional[TableUpdate]:
     """The ``DPOptimizer(table_optimizer=...)`` of a run: ``None`` for plain SGD, else the row-wise rule.
 
     ``"sgd"`` with ``learning_rate`` ``None`` (or equal to the loop's) is
@@ -100,7 +100,7 @@ def make_table_optimizer(name: str, learning_rate: Optional[float],
     return TABLE_RULES[name](learning_rate=float(learning_rate))
 
 
-def table_rule_of(loop: LoopConfig) -> Optional[TableRule]:
+def table_rule_of(loop: LoopConfig) -> Optional[TableUpdate]:
     """:func:`make_table_optimizer` of ``loop``, refusing a TPU backend with a row-wise rule.
 
     The TPU embedding program applies its own table optimizer (plain SGD in

@@ -122,6 +122,20 @@ def test_resumed_fit_continues_epsilon(tmp_path):
     assert report["epsilon"] == pytest.approx(independent_epsilon(1.0, 2 * spe, report["delta"]), rel=1e-6)
 
 
+def test_the_plain_model_loads_a_private_checkpoint(tmp_path):
+    """Issue 34 item 7: ``save_weights`` writes the wrapped model's own weights (the plain model loads them; TF's
+    AssertionError before) and the private state beside them (``<path>.private``: ledger, optimizer, mechanism)."""
+    private = _private(ctr_model(seed=1))
+    private.fit(*data(), verbose=0)
+    path = weights_path(tmp_path)
+    private.save_weights(path)
+    plain = ctr_model(seed=2)
+    plain.load_weights(path)
+    for a, b in zip(plain.get_weights(), private.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert tf.io.gfile.exists(path + ".private.index")
+
+
 def test_tensorboard_gets_an_epsilon_scalar(tmp_path):
     private = _private(ctr_model())
     private.fit(*data(), verbose=0, callbacks=[tf.keras.callbacks.TensorBoard(str(tmp_path))])

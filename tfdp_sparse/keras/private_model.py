@@ -68,6 +68,19 @@ def _is_tfrs_model(model: tf.keras.Model) -> bool:
     return tfrs is not None and isinstance(model, tfrs.Model)
 
 
+
+#: The suffix of the private training state written beside a weights file (a TensorFlow checkpoint).
+PRIVATE_STATE_SUFFIX = ".private"
+
+
+def private_state_path(filepath) -> str:
+    """Where :meth:`PrivateModel.save_weights` puts the private state of ``filepath`` (a checkpoint prefix).
+
+    Example: ``private_state_path("run/w.weights.h5")`` is ``"run/w.weights.h5.private"``.
+    """
+    return os.fspath(filepath) + PRIVATE_STATE_SUFFIX
+
+
 class PrivateModel(tf.keras.Model):
     """A model whose ``fit`` is private by construction; made by :func:`make_private` (see module doc).
 
@@ -324,10 +337,46 @@ class PrivateModel(tf.keras.Model):
 
     # -- saving: never with pending lazy noise ----------------------------------
 
-    def save_weights(self, *args, **kwargs):
+    def save_weights(self, filepath, *args, **kwargs):
+        """The wrapped model's weights at ``filepath`` and the private training state beside it.
+
+        After LazyDP's flush and the ledger's sync. On tf-keras ``filepath``
+        holds the wrapped model's own weights, so the plain model loads them
+        (``model.load_weights(filepath)``), and ``<filepath>.private``
+        (:func:`private_state_path`) the ledger, the DP optimizer and the
+        mechanism (LazyDP's histories, the noise generator), which
+        :meth:`load_weights` restores too, to resume.
+        """
         self.mechanism.flush()
         sync_ledger(self.privacy_state, self.privacy_callback.ledger, self._charge)
-        return super().save_weights(*args, **kwargs)
+        out = self._write_weights(filepath, *args, **kwargs)
+        self._private_state().write(private_state_path(filepath))
+        return out
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """Restores what :meth:`save_weights` wrote: the weights and the private state beside them."""
+        state = private_state_path(filepath)
+        if not tf.io.gfile.exists(state + ".index"):
+            return self._load_without_private_state(filepath, *args, **kwargs)
+        out = self._read_weights(filepath, *args, **kwargs)
+        self._private_state().read(state).assert_existing_objects_matched()
+        return out
+
+    # the stack's hooks (Keras 3: :class:`~tfdp_sparse.keras.private_model_keras3.Keras3PrivateModel`)
+
+    def _write_weights(self, filepath, *args, **kwargs):
+        return self.model.save_weights(filepath, *args, **kwargs)
+
+    def _read_weights(self, filepath, *args, **kwargs):
+        return self.model.load_weights(filepath, *args, **kwargs)
+
+    def _load_without_private_state(self, filepath, *args, **kwargs):
+        """A checkpoint of the whole private model (written before the weights and the state were split)."""
+        return super().load_weights(filepath, *args, **kwargs)
+
+    def _private_state(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(privacy_state=self.privacy_state, mechanism=self.mechanism,
+                                   optimizer=self.dp_optimizer)
 
     def save(self, filepath, *args, **kwargs):
         """Exports the wrapped model (for serving) after a flush, with ``privacy_report.json`` beside it.

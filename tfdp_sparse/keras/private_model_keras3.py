@@ -18,19 +18,7 @@ import os
 
 import tensorflow as tf
 
-from tfdp_sparse.keras.private_model import PrivateModel
-
-
-#: The suffix of the private training state written beside a Keras 3 weights file (a TensorFlow checkpoint).
-PRIVATE_STATE_SUFFIX = ".private"
-
-
-def private_state_path(filepath) -> str:
-    """Where :meth:`Keras3PrivateModel.save_weights` puts the private state of ``filepath`` (a checkpoint prefix).
-
-    Example: ``private_state_path("run/w.weights.h5")`` is ``"run/w.weights.h5.private"``.
-    """
-    return os.fspath(filepath) + PRIVATE_STATE_SUFFIX
+from tfdp_sparse.keras.private_model import PRIVATE_STATE_SUFFIX, PrivateModel, private_state_path  # noqa: F401
 
 
 class MissingPrivateStateError(ValueError):
@@ -88,25 +76,22 @@ class Keras3PrivateModel(PrivateModel):
         results["loss"] = float(loss) if tf.executing_eagerly() else loss
         return results
 
-    def save_weights(self, filepath, *args, **kwargs):
-        """Keras 3's weights file (after LazyDP's flush and the ledger's sync), and the private state beside it."""
-        out = super().save_weights(filepath, *args, **kwargs)
-        self._private_state().write(private_state_path(filepath))
-        return out
+    def _write_weights(self, filepath, *args, **kwargs):
+        """Keras 3's weights file of this model (the wrapped model's and the optimizer's Keras variables)."""
+        return tf.keras.Model.save_weights(self, filepath, *args, **kwargs)
 
-    def load_weights(self, filepath, *args, **kwargs):
-        """Restores the weights and the private state written by :meth:`save_weights`; refuses a file without it."""
+    def _read_weights(self, filepath, *args, **kwargs):
+        return tf.keras.Model.load_weights(self, filepath, *args, **kwargs)
+
+    def _load_without_private_state(self, filepath, *args, **kwargs):
+        """Refused: a Keras 3 weights file without the private state beside it."""
         state = private_state_path(filepath)
-        if not tf.io.gfile.exists(state + ".index"):
-            raise MissingPrivateStateError(
-                f"{os.fspath(filepath)} has no private training state beside it ({state}): a Keras 3 weights file "
-                "holds neither the privacy ledger nor the mechanism's state (LazyDP's histories, the noise "
-                "generator), so resuming from it would restart epsilon and misread LazyDP's owed noise. Resume from "
-                "a file this private model's save_weights (or ModelCheckpoint(save_weights_only=True) on it) wrote, "
-                "or load the weights into the plain model and start a new private run.")
-        out = super().load_weights(filepath, *args, **kwargs)
-        self._private_state().read(state).assert_existing_objects_matched()
-        return out
+        raise MissingPrivateStateError(
+            f"{os.fspath(filepath)} has no private training state beside it ({state}): a Keras 3 weights file "
+            "holds neither the privacy ledger nor the mechanism's state (LazyDP's histories, the noise "
+            "generator), so resuming from it would restart epsilon and misread LazyDP's owed noise. Resume from "
+            "a file this private model's save_weights (or ModelCheckpoint(save_weights_only=True) on it) wrote, "
+            "or load the weights into the plain model and start a new private run.")
 
     def _private_state(self) -> tf.train.Checkpoint:
         return tf.train.Checkpoint(privacy_state=self.privacy_state, mechanism=self.mechanism)

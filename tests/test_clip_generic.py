@@ -80,10 +80,11 @@ def test_custom_weight_layer_matches_brute_force_and_is_logged_once(caplog):
 
 
 @pytest.mark.parametrize("return_sequences", [False, True], ids=["last", "sequences"])
-def test_gru_matches_brute_force(return_sequences):
+def test_recurrent_layer_matches_brute_force(return_sequences):
+    """A recurrent layer without a rule of its own (SimpleRNN: GRU and LSTM have exact rules, clipping/recurrent.py)."""
     tf.keras.utils.set_random_seed(0)
     inputs = tf.keras.Input(shape=(4, 3))
-    h = tf.keras.layers.GRU(5, return_sequences=return_sequences, name="gru")(inputs)
+    h = tf.keras.layers.SimpleRNN(5, return_sequences=return_sequences, name="rnn")(inputs)
     model = tf.keras.Model(inputs, _head(h))
     x, y = _data((4, 3))
     check(model, x, y, clip_norm=0.05)
@@ -117,7 +118,8 @@ def test_block_falls_back_only_for_its_own_weight():
 def test_fallback_in_a_tf_function_with_unknown_batch_size():
     tf.keras.utils.set_random_seed(0)
     inputs = tf.keras.Input(shape=(4, 3))
-    model = tf.keras.Model(inputs, _head(tf.keras.layers.GRU(5, name="gru")(inputs)))
+    # RNN(GRUCell): a recurrent layer without a rule of its own (GRU and LSTM have exact rules)
+    model = tf.keras.Model(inputs, _head(tf.keras.layers.RNN(tf.keras.layers.GRUCell(5), name="rnn")(inputs)))
     x, y = _data((4, 3))
     expected, _ = brute_force(model, x, y, mse, 0.05)
     recorder = attach_taps(model)
@@ -207,7 +209,7 @@ def test_model_with_its_own_weight_matches_brute_force():
     check(model, x, y, clip_norm=0.05)
 
 
-def test_fit_trains_a_gru_through_the_fallback():
+def test_fit_trains_a_recurrent_layer_through_the_fallback():
     from tfdp_sparse.keras import make_private
     from tfdp_sparse.mechanisms import DPSGD
 
@@ -215,14 +217,14 @@ def test_fit_trains_a_gru_through_the_fallback():
     tf.keras.mixed_precision.set_global_policy("float32")  # and the policy)
     tf.keras.utils.set_random_seed(0)
     inputs = tf.keras.Input(shape=(4, 3))
-    model = tf.keras.Model(inputs, _head(tf.keras.layers.GRU(5, name="gru")(inputs)))
+    model = tf.keras.Model(inputs, _head(tf.keras.layers.SimpleRNN(5, name="rnn")(inputs)))  # no rule of its own
     x, y = (tf.cast(t, tf.float32) for t in _data((4, 3), n=8))
     private = make_private(model, DPSGD(1.0, 0.5, seed=0), num_examples=8, batch_size=4, epochs=1,
                            learning_rate=0.1, loss=tf.keras.losses.MeanSquaredError(), accountant="rdp")
     private.compile()
-    kernel = model.get_layer("gru").cell.kernel.numpy()
+    kernel = model.get_layer("rnn").cell.kernel.numpy()
     private.fit(x.numpy(), y.numpy(), verbose=0)
-    trained = model.get_layer("gru").cell.kernel.numpy()
+    trained = model.get_layer("rnn").cell.kernel.numpy()
     assert np.all(np.isfinite(trained)) and np.any(trained != kernel)
 
 

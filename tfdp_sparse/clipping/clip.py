@@ -142,7 +142,9 @@ class _Plan:
     Attributes:
       table_taps: ``{table key: [EmbeddingTap]}``.
       weight_taps: ``{first weight ref: [WeightTap]}`` (a layer called several times is one group).
-      generic_taps: ``[(layer, [GenericTap], claimed variables)]`` for the fallback.
+      generic_taps: ``[(layer, [GenericTap], candidate variables)]`` for the fallback, inner layers first;
+        after the backward pass each layer whose taps the loss reaches claims its candidates no
+        inner one claimed (:func:`_live_groups`).
       direct: variables whose plain tape gradient is used (fallback variables when not clipping).
       uncovered: variables no tap covers (refused if the loss depends on them).
     """
@@ -269,34 +271,33 @@ def _plan(recorded: Sequence[Tap], variables: Sequence[tf.Variable], keys: Seque
     table_taps, weight_taps = _group_taps(recorded, set(keys))
     covered = set(table_taps)
     covered |= {w.ref() for group in weight_taps.values() for w in group[0].weights if w is not None}
-    generic_taps = _claim(recorded, variables, keys, covered)
-    claimed = {v.ref() for _, _, claimed_vars in generic_taps for v in claimed_vars}
-    uncovered = [v for v, k in zip(variables, keys) if k not in covered and k not in claimed]
+    generic_taps = _candidates(recorded, variables, keys, covered)
+    claimable = {v.ref(): v for _, _, candidates in generic_taps for v in candidates}
+    uncovered = [v for v, k in zip(variables, keys) if k not in covered and k not in claimable]
     if clipping:
         return _Plan(table_taps, weight_taps, generic_taps, [], uncovered)
-    direct = [v for _, _, claimed_vars in generic_taps for v in claimed_vars]
-    return _Plan(table_taps, weight_taps, [], direct, uncovered)
+    return _Plan(table_taps, weight_taps, [], list(claimable.values()), uncovered)
 
 
-def _claim(recorded: Sequence[Tap], variables: Sequence[tf.Variable], keys: Sequence, covered: set) -> list:
-    """``[(layer, [GenericTap], variables)]``: each fallback layer claims its variables no other tap covers.
+def _candidates(recorded: Sequence[Tap], variables: Sequence[tf.Variable], keys: Sequence, covered: set) -> list:
+    """``[(layer, [GenericTap], variables)]``: each fallback layer with its variables no rule's tap covers.
 
-    Inner layers record before the layers that call them, so an inner layer
-    on the fallback claims its variables first; an outer one (e.g. the model)
-    claims only what is left, and drops out if nothing is.
+    Inner layers record before the layers that call them, so they come first.
+    Which layer claims a variable waits for the backward pass
+    (:func:`_live_groups`): a call the loss does not reach (an ``RNN``'s
+    shape-inference call of its cell, outside the loop whose per-step calls
+    record nothing) must not claim its variables, or they would get no gradient.
     """
     by_layer: dict = {}
     for tap in recorded:
         if isinstance(tap, GenericTap):
             by_layer.setdefault(id(tap.layer), (tap.layer, []))[1].append(tap)
-    taken = set(covered)
     groups = []
     for layer, group in by_layer.values():
         own = {v.ref() for v in variables_of(layer.trainable_weights)}
-        claimed = [v for v, k in zip(variables, keys) if k in own and k not in taken]
-        taken |= {v.ref() for v in claimed}
-        if claimed:
-            groups.append((layer, group, claimed))
+        candidates = [v for v, k in zip(variables, keys) if k in own and k not in covered]
+        if candidates:
+            groups.append((layer, group, candidates))
     return groups
 
 
@@ -345,9 +346,12 @@ def _live_groups(plan: _Plan, grads: _Backward) -> list:
         live, live_grads = _live(group, grads.taps)
         if live:
             groups.append(WeightGroup(_WEIGHT_MODULES[type(group[0])], live, live_grads))
-    for layer, group, claimed in plan.generic_taps:
+    taken: set = set()
+    for layer, group, candidates in plan.generic_taps:  # inner layers first: each claims what is left
         live, live_grads = _live(group, grads.generic)
-        if live:
+        claimed = [v for v in candidates if v.ref() not in taken] if live else []
+        taken |= {v.ref() for v in claimed}
+        if claimed:
             generic.announce(layer, claimed)
             groups.append(GenericGroup(live, live_grads, claimed))
     return groups

@@ -54,7 +54,8 @@ Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
 SUPPORTED_LAYERS = (
     "tf.keras.layers.Dense (dense inputs), tf.keras.layers.Embedding, tfdp_sparse.layers.DPEmbedding, "
     "tf.keras.layers.LayerNormalization (per example), tf.keras.layers.EinsumDense (and so "
-    "MultiHeadAttention), tf.keras.layers.Conv1D, tf.keras.layers.TimeDistributed(Dense), and any other "
+    "MultiHeadAttention), tf.keras.layers.Conv1D, tf.keras.layers.GRU and LSTM, "
+    "tf.keras.layers.TimeDistributed(Dense), and any other "
     "layer whose only variables are trainable, that holds no embedding table and whose tensor arguments "
     "are dense and batch-major (exact generic fallback: per-example recomputation); adapted "
     "Normalization/StringLookup/IntegerLookup/Discretization/TextVectorization hold fixed, data-dependent state"

@@ -41,7 +41,7 @@ from typing import Callable, Mapping, Optional
 import tensorflow as tf
 from tensorflow.python.autograph.impl.api import autograph_artifact  # no public equivalent
 
-from tfdp_sparse.clipping import conv1d, einsum_dense, generic, keras_layers, layer_norm, time_distributed
+from tfdp_sparse.clipping import conv1d, einsum_dense, generic, keras_layers, layer_norm, recurrent, time_distributed
 from tfdp_sparse.clipping.taps import LayerTap, TapRecorder
 from tfdp_sparse.keras_stack import is_keras_3, model_layers
 
@@ -102,7 +102,8 @@ def default_registry() -> LayerRegistry:
 
     Rules: ``Dense``, ``Embedding``, the toolkit's ``DPEmbedding``,
     ``LayerNormalization``, ``EinsumDense`` (so ``MultiHeadAttention``),
-    ``Conv1D`` and ``TimeDistributed(Dense)``; any other layer holding only
+    ``GRU`` and ``LSTM`` (:mod:`tfdp_sparse.clipping.recurrent`), ``Conv1D`` and
+    ``TimeDistributed(Dense)``; any other layer holding only
     trainable variables falls back to :func:`tfdp_sparse.clipping.generic.generic_rule`.
 
     On Keras 3 (:func:`tfdp_sparse.keras_stack.is_keras_3`): :func:`keras_3_registry`.
@@ -126,12 +127,14 @@ def _stock_rules() -> dict:
         tf.keras.layers.Embedding: keras_layers.embedding_rule,
         tf.keras.layers.LayerNormalization: layer_norm.layer_norm_rule,
         tf.keras.layers.EinsumDense: einsum_dense.einsum_dense_rule,
+        tf.keras.layers.GRU: recurrent.gru_rule,
+        tf.keras.layers.LSTM: recurrent.lstm_rule,
     }
 
 
 def keras_3_registry() -> LayerRegistry:
-    """The Keras 3 registry: ``Dense``, ``Embedding``, ``LayerNormalization``, ``EinsumDense``, the toolkit's
-    ``DPEmbedding`` (one definition for both stacks), generic fallback.
+    """The Keras 3 registry: ``Dense``, ``Embedding``, ``LayerNormalization``, ``EinsumDense``, ``GRU``, ``LSTM``,
+    the toolkit's ``DPEmbedding`` (one definition for both stacks), generic fallback.
 
     With keras-rs installed, also ``keras_rs.layers.DistributedEmbedding``
     (:mod:`tfdp_sparse.clipping.keras_rs_embedding`, default-device tables).

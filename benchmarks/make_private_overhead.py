@@ -51,14 +51,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from typing import Callable, Optional, Sequence, TextIO  # noqa: E402
+from typing import Optional, Sequence, TextIO  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks.fit_rounds import StepTimer, Trainer, alternate, emit, timing_fields  # noqa: E402
 from tfdp_sparse.config import PrivacyConfig  # noqa: E402
 from tfdp_sparse.data import synthetic  # noqa: E402
 from tfdp_sparse.keras import make_private  # noqa: E402
@@ -139,32 +139,7 @@ def load(s: Settings) -> tuple[dict, np.ndarray]:
     return x, arrays["label"].reshape(-1, 1).astype(np.float32)
 
 
-class StepTimer(tf.keras.callbacks.Callback):
-    """Wall time of every training batch, synchronised on its logs (numpy logs: the step has finished)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._supports_tf_logs = False  # Keras converts the logs to numpy before calling us: a sync point
-        self.times: list[float] = []
-        self._t0 = 0.0
-
-    def on_train_batch_begin(self, batch, logs=None) -> None:
-        self._t0 = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None) -> None:
-        self.times.append(time.perf_counter() - self._t0)
-
-
 LOSS = tf.keras.losses.BinaryCrossentropy(from_logits=True)
-
-
-@dataclasses.dataclass
-class Trainer:
-    """One configuration: ``fit_round() -> step seconds`` of one round, and its one-off ``setup_s``."""
-
-    name: str
-    fit_round: Callable[[], list[float]]
-    setup_s: float
 
 
 def keras_trainer(s: Settings, x: dict, y: np.ndarray) -> Trainer:
@@ -208,46 +183,15 @@ def private_trainer(name: str, s: Settings, x: dict, y: np.ndarray,
     return Trainer(name, fit_round, setup)
 
 
-def _stats(times: Sequence[float]) -> dict:
-    ms = 1e3 * np.asarray(times)
-    return {"step_ms": round(float(np.median(ms)), 3), "step_ms_p10": round(float(np.percentile(ms, 10)), 3),
-            "step_ms_p90": round(float(np.percentile(ms, 90)), 3), "steps_timed": int(ms.size)}
-
-
-def alternate(trainers: Sequence[Trainer], s: Settings, progress: TextIO) -> dict[str, dict]:
-    """Runs the trainers round by round (a, b, c, ..., a, b, c, ...); per trainer its kept step times by round
-    and each round's time outside the steps (``fit`` setup, the epoch-end callbacks: make_private's ε)."""
-    out = {t.name: {"rounds": [], "outside_s": [], "first_fit_s": None} for t in trainers}
-    for r in range(s.rounds + 1):  # round 0: tracing and the one-off coupling check, reported apart
-        for t in trainers:
-            t0 = time.perf_counter()
-            times = t.fit_round()
-            wall = time.perf_counter() - t0
-            if r == 0:
-                out[t.name]["first_fit_s"] = round(wall, 3)
-            else:
-                out[t.name]["rounds"].append(times[s.skip:])
-                out[t.name]["outside_s"].append(wall - sum(times))
-        print(f"round {r}/{s.rounds} done", file=progress, flush=True)
-    return out
-
-
 def config_lines(trainers: Sequence[Trainer], timed: dict, s: Settings) -> list[dict]:
     """One JSON record per configuration, with its ratios to the floor measured in the same rounds."""
-    floor_rounds = [float(np.median(r)) for r in timed[FLOOR]["rounds"]]
-    floor = float(np.median(np.concatenate(timed[FLOOR]["rounds"])))
     lines = []
     for t in trainers:
-        rounds = timed[t.name]["rounds"]
-        medians = [float(np.median(r)) for r in rounds]
-        stats = _stats(np.concatenate(rounds))
         algorithm = CONFIGS[t.name][0] if CONFIGS[t.name] else "keras_sgd"
         lines.append({
             "benchmark": "make_private_overhead", "config": t.name, "algorithm": algorithm,
-            "knobs": dict(CONFIGS[t.name][1]) if CONFIGS[t.name] else {}, **stats,
-            "round_ms": [round(1e3 * m, 3) for m in medians],
-            "ratio_vs_keras_sgd": round(float(np.median(np.concatenate(rounds))) / floor, 3),
-            "paired_ratio_vs_keras_sgd": round(float(np.median(np.divide(medians, floor_rounds))), 3),
+            "knobs": dict(CONFIGS[t.name][1]) if CONFIGS[t.name] else {},
+            **timing_fields(timed[t.name]["rounds"], timed[FLOOR]["rounds"]),
             "setup_s": round(t.setup_s, 3), "first_fit_s": timed[t.name]["first_fit_s"],
             "fit_outside_steps_s": round(float(np.median(timed[t.name]["outside_s"])), 3),
             "batch": s.batch, "steps_per_round": s.steps, "skipped_per_round": s.skip, "rounds": s.rounds,
@@ -287,20 +231,11 @@ def run(s: Settings, out: TextIO = sys.stdout, progress: TextIO = sys.stderr,
     s = s.validate()
     x, y = load(s)
     trainers = [keras_trainer(s, x, y) if c == FLOOR else private_trainer(c, s, x, y) for c in s.configs]
-    timed = alternate(trainers, s, progress)
+    timed = alternate(trainers, s.rounds, s.skip, progress)
     lines = config_lines(trainers, timed, s)
     floor_ms = next(line["step_ms"] for line in lines if line["config"] == FLOOR)
     lines.append(coupling_line(s, x, y, floor_ms))
-    sink = open(output, "a") if output else None
-    try:
-        for line in lines:
-            text = json.dumps(line)
-            print(text, file=out, flush=True)
-            if sink is not None:
-                sink.write(text + "\n")
-    finally:
-        if sink is not None:
-            sink.close()
+    emit(lines, out, output)
     return lines
 
 

@@ -40,7 +40,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from typing import Optional, Sequence, TextIO  # noqa: E402
@@ -48,7 +47,7 @@ from typing import Optional, Sequence, TextIO  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks.make_private_overhead import StepTimer, Trainer, alternate  # noqa: E402
+from benchmarks.fit_rounds import StepTimer, Trainer, alternate, emit, timing_fields  # noqa: E402
 from tfdp_sparse.clipping import generic, keras_layers  # noqa: E402
 from tfdp_sparse.clipping.registry import LayerRegistry  # noqa: E402
 from tfdp_sparse.config import PrivacyConfig  # noqa: E402
@@ -167,20 +166,11 @@ def private_trainer(name: str, s: Settings, x: np.ndarray, y: np.ndarray) -> Tra
 
 def config_lines(timed: dict, s: Settings) -> list[dict]:
     """One JSON record per configuration, its ratios to the floor measured in the same rounds."""
-    floor_rounds = [float(np.median(r)) for r in timed[FLOOR]["rounds"]]
-    floor = float(np.median(np.concatenate(timed[FLOOR]["rounds"])))
     lines = []
     for name in s.configs:
-        rounds = timed[name]["rounds"]
-        medians = [float(np.median(r)) for r in rounds]
-        kept = 1e3 * np.concatenate(rounds)
         lines.append({
             "benchmark": "recurrent_step", "config": name, "cell": s.cell,
-            "step_ms": round(float(np.median(kept)), 3), "step_ms_p10": round(float(np.percentile(kept, 10)), 3),
-            "step_ms_p90": round(float(np.percentile(kept, 90)), 3), "steps_timed": int(kept.size),
-            "round_ms": [round(1e3 * m, 3) for m in medians],
-            "ratio_vs_keras_sgd": round(float(np.median(kept)) / (1e3 * floor), 3),
-            "paired_ratio_vs_keras_sgd": round(float(np.median(np.divide(medians, floor_rounds))), 3),
+            **timing_fields(timed[name]["rounds"], timed[FLOOR]["rounds"]),
             "first_fit_s": timed[name]["first_fit_s"], "batch": s.batch, "length": s.length, "vocab": s.vocab,
             "dim": s.dim, "units": s.units, "rounds": s.rounds, "load_avg_1m": round(os.getloadavg()[0], 2),
         })
@@ -204,19 +194,10 @@ def run(s: Settings, out: TextIO = sys.stdout, progress: TextIO = sys.stderr,
     s = s.validate()
     x, y = load(s)
     trainers = [keras_trainer(s, x, y) if c == FLOOR else private_trainer(c, s, x, y) for c in s.configs]
-    timed = alternate(trainers, s, progress)
+    timed = alternate(trainers, s.rounds, s.skip, progress)
     lines = config_lines(timed, s)
     lines.append(summary_line(lines))
-    sink = open(output, "a") if output else None
-    try:
-        for line in lines:
-            text = json.dumps(line)
-            print(text, file=out, flush=True)
-            if sink is not None:
-                sink.write(text + "\n")
-    finally:
-        if sink is not None:
-            sink.close()
+    emit(lines, out, output)
     return lines
 
 

@@ -22,6 +22,7 @@ import pytest
 import scipy.stats
 import tensorflow as tf
 
+from tests.test_static_batch import B, N, STEPS, V, _data, _model  # noqa: F401 (B, N, STEPS: the trainers' test)
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
 from tfdp_sparse.layers import DPEmbedding
@@ -29,8 +30,6 @@ from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.selection.false_positive_slots import (
     SLOT_OVERFLOW, false_positive_slots, sample_false_positive_slots_tf)
 from tfdp_sparse.selection.false_positives import false_positive_probability
-
-N, B, V, STEPS = 400, 16, 60, 6
 
 
 @pytest.mark.parametrize("rows, p", [(10**6, 1e-4), (10**7, 2.9e-7), (60, 0.3), (5, 1.0)])
@@ -60,20 +59,6 @@ def test_compiled_false_positive_count_is_binomial_over_the_rows_not_excluded():
     # positions uniform over the rows left
     left = np.setdiff1d(np.arange(rows), excluded)
     assert scipy.stats.chisquare(np.bincount(np.searchsorted(left, seen) // 30, minlength=10)).pvalue > 1e-3
-
-
-def _data():
-    rng = np.random.default_rng(0)
-    return rng.integers(1, V, (N, 2)).astype(np.int64), rng.integers(0, 2, (N, 1)).astype(np.float32)
-
-
-def _model() -> tf.keras.Model:
-    tf.keras.utils.set_random_seed(7)
-    ids = tf.keras.Input((2,), dtype=tf.int64)
-    h = DPEmbedding(V, 4, combiner="sum", name="table")(ids)
-    model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="out")(tf.keras.layers.Dense(4, name="hidden")(h)))
-    model(np.zeros((1, 2), np.int64))
-    return model
 
 
 def _quiet(algorithm: str) -> PrivacyConfig:

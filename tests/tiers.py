@@ -141,6 +141,21 @@ FULL_ONLY: dict[str, Moved] = {
          "tests/test_one_private_step.py::test_fixed_shape_batches_train_alike_on_both_drivers_and_as_poisson_batches"),
         "two traces of the 26-table pCTR model (25 s) put tests/test_tpu_trainers.py at 48 s of the 60 s budget; the "
         "emulator on padded batches, LazyDP's look-ahead and the fixed-shape driver are pinned fast on a small model"),
+    "tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[adafest]": Moved(
+        ("tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[dpsgd]",
+         "tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[lazydp]",
+         "tests/test_xla_adafest.py::test_compiled_steps_equal_the_steps_without_xla"),
+        "two emulator runs with a compiled TensorCore half (14-26 s); the compiled TPU half is pinned with DP-SGD "
+        "and LazyDP, DP-AdaFEST's compiled step on the Keras path"),
+    "tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[dpfest]": Moved(
+        ("tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[dpsgd]",
+         "tests/test_static_batch.py::test_xla_traces_once_on_a_static_signature_and_equals_the_step_without_xla"),
+        "two emulator runs (10-15 s); DP-FEST's compiled step is pinned on the Keras path"),
+    "tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[eana]": Moved(
+        ("tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[dpsgd]",
+         "tests/test_static_batch.py::test_xla_traces_once_on_a_static_signature_and_equals_the_step_without_xla",
+         "tests/test_tpu_xla.py::test_static_packing_sums_repeats_like_the_packing_and_fails_closed_on_overflow"),
+        "two emulator runs (10 s); EANA's compiled step on the Keras path, and the static packing its slots need"),
     # -- examples, experiments, benchmarks ---------------------------------------------------------
     "tests/test_examples.py::test_example_smoke_prints_epsilon_and_utility[tfrs_retrieval.py]": Moved(
         ("tests/test_examples.py::test_example_smoke_prints_epsilon_and_utility[custom_ctr.py]",

@@ -91,6 +91,7 @@ from trainers import common_flags
 from trainers import summary
 from trainers import tensorboard
 from trainers.lib import cluster as cluster_lib
+from trainers.lib import planning
 
 FLAGS = flags.FLAGS
 
@@ -181,6 +182,9 @@ class DualEncoderRun:
     cluster: str = ""
     #: What ε protects: one example (default) or one MovieLens user (``userId``) with all their ratings.
     unit: PrivacyUnitConfig = PrivacyUnitConfig()
+    #: The planner chooses ``loop.batch_size`` and ``loop.steps`` for this many epochs of compute once N is
+    #: known (``--target_epsilon`` without ``--batch_size`` or ``--steps``: :mod:`trainers.lib.planning`).
+    plan_epochs: Optional[float] = None
 
 
 def movielens_outside_guarantee(config: DataConfig) -> list[str]:
@@ -355,6 +359,11 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
     if is_keras_3():
         check_keras_3(run)
     train, evaluation, num_rows, info = load_data(run.data, run.unit)
+    if run.plan_epochs is not None:
+        n = len(np.unique(train["user"])) if run.unit.is_user_level else len(train["label"])
+        loop, plan = planning.planned_loop(run.loop, run.privacy.target_epsilon, run.privacy.delta, n,
+                                           run.plan_epochs)
+        run, info = dataclasses.replace(run, loop=loop), {**info, "planner": plan.describe()}
     model, result = train_model(run, train, num_rows)
     quality = dual_encoder.evaluate_retrieval(model, evaluation)
     tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, quality)
@@ -399,7 +408,10 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
     if fv.steps is not None and fv.epochs is not None:
         raise app.UsageError("give only one of --steps and --epochs")
     steps = fv.steps
-    if fv.epochs is not None:
+    plan_epochs = planning.planner_epochs(fv)  # None: the user set --batch_size or --steps (or no target)
+    if plan_epochs is not None:
+        steps = 1  # placeholder: train_and_evaluate asks the planner once the data size N is known
+    elif fv.epochs is not None:
         if not fv.epochs > 0 or fv.batch_size < 1:
             raise ValueError(f"epochs must be > 0 and batch_size >= 1, got {fv.epochs!r} and {fv.batch_size!r}")
         steps = max(1, int(np.ceil(fv.epochs * fv.num_examples / fv.batch_size)))
@@ -426,7 +438,7 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
         negative_distribution=fv.negative_distribution,
     ).validate()
     return DualEncoderRun(privacy=privacy, loop=loop, data=data, model=model, metrics_out=fv.metrics_out,
-                          cluster=fv.cluster, unit=common_flags.privacy_unit_from_flags(fv))
+                          cluster=fv.cluster, unit=common_flags.privacy_unit_from_flags(fv), plan_epochs=plan_epochs)
 
 
 def main(argv):

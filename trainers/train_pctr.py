@@ -84,6 +84,7 @@ from trainers import common_flags
 from trainers import summary
 from trainers import tensorboard
 from trainers.lib import cluster as cluster_lib
+from trainers.lib import planning
 
 FLAGS = flags.FLAGS
 
@@ -181,6 +182,9 @@ class PctrRun:
     cluster: str = ""
     #: What ε protects: one example (default) or one user (``data.num_users`` gives synthetic data users).
     unit: PrivacyUnitConfig = PrivacyUnitConfig()
+    #: The planner chooses ``loop.batch_size`` and ``loop.steps`` for this many epochs of compute once N is
+    #: known (``--target_epsilon`` without ``--batch_size`` or ``--steps``: :mod:`trainers.lib.planning`).
+    plan_epochs: Optional[float] = None
 
 
 def dense_dpsgd_step_ms(vocab_sizes, hidden, batch_size: int, seed: int, steps: int = 3) -> float:
@@ -216,7 +220,7 @@ def _check_run(run: PctrRun) -> None:
     loop = run.loop
     if isinstance(loop.batch_size, bool) or int(loop.batch_size) != loop.batch_size or loop.batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {loop.batch_size!r}")
-    if run.data.source == "synthetic" and loop.batch_size > run.data.num_examples:
+    if run.data.source == "synthetic" and loop.batch_size > run.data.num_examples and run.plan_epochs is None:
         raise ValueError(
             f"batch_size={loop.batch_size} is larger than the training set ({run.data.num_examples} examples): "
             "the sampling probability B/N would exceed 1; use a smaller batch or more data"
@@ -296,8 +300,13 @@ def train_and_evaluate(run: PctrRun) -> dict:
         pctr_data.check_features(train, vocab_sizes, "training data")
         pctr_data.check_features(evaluation, vocab_sizes, "evaluation data")
     loop = run.loop
-    if run.epochs is not None and run.streaming_periods is None:
-        n = len(np.unique(train["user"])) if run.unit.is_user_level and "user" in train else len(train["label"])
+    n = len(np.unique(train["user"])) if run.unit.is_user_level and "user" in train else len(train["label"])
+    if run.plan_epochs is not None:
+        if run.streaming_periods is not None:
+            raise ValueError("--streaming_periods needs --batch_size and --epochs (the planner plans one run)")
+        loop, plan = planning.planned_loop(loop, run.privacy.target_epsilon, run.privacy.delta, n, run.plan_epochs)
+        info = {**info, "planner": plan.describe()}
+    elif run.epochs is not None and run.streaming_periods is None:
         loop = dataclasses.replace(loop, steps=periods.steps_for_epochs(run.epochs, n, loop.batch_size))
         log.info("epochs=%g over N=%d %ss at B=%d: %d steps", run.epochs, n, run.unit.unit.value, loop.batch_size,
                  loop.steps)
@@ -362,8 +371,10 @@ def _train_on_cluster(run: PctrRun, data: PctrData, vocab_sizes, privacy: Privac
 def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
     """The :class:`PctrRun` the parsed flags ``fv`` describe (raises ``app.UsageError`` / ``ValueError``)."""
     n_train = fv.num_examples
-    if fv.steps is None and fv.epochs is None:
-        raise app.UsageError("give --steps or --epochs")
+    plan_epochs = planning.planner_epochs(fv)  # None: the user set --batch_size or --steps (or no target)
+    if fv.steps is None and fv.epochs is None and plan_epochs is None:
+        raise app.UsageError("give --steps or --epochs (or --target_epsilon without --batch_size: the planner "
+                             "chooses both)")
     if fv.steps is not None and fv.epochs is not None:
         raise app.UsageError("give only one of --steps and --epochs")
     data = DataConfig(
@@ -385,7 +396,9 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         num_users=fv.num_users,
     )
     steps = fv.steps
-    if steps is None:
+    if plan_epochs is not None:
+        steps = 1  # placeholder: train_and_evaluate asks the planner once the data size N is known
+    elif steps is None:
         if not fv.epochs > 0 or fv.batch_size < 1:
             raise ValueError(f"epochs must be > 0 and batch_size >= 1, got {fv.epochs!r} and {fv.batch_size!r}")
         steps = 1  # placeholder: train_and_evaluate sets ceil(epochs * N / B) once the data size N is known
@@ -422,10 +435,11 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:
         export_dir=fv.export_dir,
         metrics_out=fv.metrics_out,
         compare_dpsgd_step=fv.compare_dpsgd_step,
-        epochs=fv.epochs,
+        epochs=None if plan_epochs is not None else fv.epochs,
         streaming_periods=fv.streaming_periods,
         cluster=fv.cluster,
         unit=common_flags.privacy_unit_from_flags(fv),
+        plan_epochs=plan_epochs,
     )
 
 

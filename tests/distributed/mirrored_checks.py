@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger  # noqa: E402
 from tfdp_sparse.clipping.clip import ClippedGradients  # noqa: E402
-from tfdp_sparse.distribute.mirrored import MirroredPrivateStep  # noqa: E402
+from tfdp_sparse.distribute.mirrored import MirroredPrivateStep, distribute_users  # noqa: E402
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig  # noqa: E402
 from tfdp_sparse.keras import DPOptimizer, PrivateStep  # noqa: E402
 from tfdp_sparse.layers import DPEmbedding  # noqa: E402
 from tfdp_sparse.mechanisms.adafest import AdaFEST  # noqa: E402
@@ -158,6 +159,69 @@ def regularized(strategy) -> dict:
     reference = _one_device(initial, batches, strong)
     return {"max_diff": max(float(np.max(np.abs(c - r.numpy()[None]))) for c, r in
                             zip(_copies(model), reference.trainable_variables))}
+
+
+USER_K = 4
+USER_MECHANISMS = {"dpsgd": MECHANISMS["dpsgd"], "adafest": MECHANISMS["adafest"]}
+
+
+def _user_batches(steps: int, seed: int = 2):
+    """Global batches of 16 examples from 6 users (at most USER_K each), examples of a user not adjacent."""
+    rng = np.random.default_rng(seed)
+    users = np.array([0, 1, 2, 3, 4, 5] * 2 + [0, 2, 3, 5])  # 3, 2, 3, 3, 2, 3 examples
+    return [(rng.integers(0, VOCAB, (16, 2)), rng.integers(0, 2, 16).astype(np.float32), users + 10)
+            for _ in range(steps)]
+
+
+def user_parity(strategy) -> dict:
+    """User level (each user's sum clipped): mirrored over whole users per replica against one device, zero noise."""
+    unit = PrivacyUnitConfig.user(USER_K)
+    out = {}
+    for name, make in USER_MECHANISMS.items():
+        batches = _user_batches(3)
+        mech = make()
+        with strategy.scope():
+            model = _model(1)
+            opt = _optimizer(mech, False)
+        mech.bind_model(model)
+        step = MirroredPrivateStep(strategy, model, _bce, opt, unit=unit)
+        initial = [v.numpy() for v in model.trainable_variables]
+        for x, y, users in batches:
+            (xd, yd), ud = distribute_users(strategy, (x, y), users)
+            step(xd, yd, ud)
+        reference = _model(1)
+        reference.set_weights(initial)
+        ref_mech = make()
+        ref_mech.bind_model(reference)
+        ref_opt = _optimizer(ref_mech, False)
+        ref_step = PrivateStep(reference, _bce, ref_opt, unit=unit)
+        for x, y, users in batches:
+            ref_step(tf.constant(x), tf.constant(y), tf.constant(users))
+        copies = _copies(model)
+        out[name] = {"max_diff": max(float(np.max(np.abs(c - r.numpy()[None]))) for c, r in
+                                     zip(copies, reference.trainable_variables)),
+                     "min_moved": min(float(np.max(np.abs(c[0] - i))) for c, i in zip(copies, initial)),
+                     "clipped_fraction": float(opt.last_clipped_fraction.numpy())}
+    # a batch split by example, not by user: refused before any noise
+    mech = MECHANISMS["dpsgd"]()
+    with strategy.scope():
+        model = _model(1)
+        opt = _optimizer(mech, False)
+    step = MirroredPrivateStep(strategy, model, _bce, opt, unit=unit)
+    x, y, users = _user_batches(1)[0]
+    try:
+        step(_distribute(strategy, x), _distribute(strategy, y), _distribute(strategy, users))
+        out["split_user"] = "accepted"
+    except (tf.errors.InvalidArgumentError, ValueError) as error:
+        text = str(error)
+        start = text.find("examples are on two replicas")
+        out["split_user"] = text[start:start + 300] if start >= 0 else text[:300]
+    try:
+        step(_distribute(strategy, x), _distribute(strategy, y))
+        out["missing_user_ids"] = "accepted"
+    except ValueError as error:
+        out["missing_user_ids"] = str(error)[:300]
+    return out
 
 
 def parity(strategy) -> dict:
@@ -325,6 +389,7 @@ def main() -> None:
         "parity": parity(strategy),
         "non_finite": non_finite(strategy),
         "regularized": regularized(strategy),
+        "user_parity": user_parity(strategy),
         "drift": drift(strategy),
         "noise_global": noise(strategy, MirroredPrivateStep),
         "noise_per_replica": noise(strategy, PerReplicaNoisingStep),

@@ -56,6 +56,22 @@ def test_zero_noise_parity_with_one_device(checks, algorithm):
     assert abs(got["clipped_fraction"] - got["mirrored_clipped_fraction"]) < 1e-6, got
 
 
+@pytest.mark.parametrize("algorithm", ["dpsgd", "adafest"])
+def test_user_level_on_whole_users_per_replica_equals_one_device(checks, algorithm):
+    """Issue 32 item 1: each replica clips its users' sums (distribute_users keeps a user on one replica); the
+    mechanism runs once with the global users (DP-AdaFEST's per-user map): one device's weights, zero noise."""
+    got = checks["user_parity"][algorithm]
+    assert got["max_diff"] < 1e-6, got
+    assert got["min_moved"] > 1e-4, got
+    assert got["clipped_fraction"] > 0, got  # users' sums were clipped
+
+
+def test_user_level_refuses_a_user_split_across_replicas_and_missing_ids(checks):
+    got = checks["user_parity"]
+    assert "two replicas" in got["split_user"], got
+    assert "needs the batch's user ids" in got["missing_user_ids"], got
+
+
 @pytest.mark.parametrize("algorithm", ["dpsgd", "eana", "adafest", "lazydp"])
 def test_replicas_do_not_drift_under_noise(checks, algorithm):
     got = checks["drift"][algorithm]

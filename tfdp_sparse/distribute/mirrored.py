@@ -43,6 +43,13 @@ drawn once and applied to every copy
 crosses the cluster's links once at construction: the cluster network must
 be trusted.
 
+User level (``unit=PrivacyUnitConfig.user(k)``): each replica clips its
+users' summed gradients, so each user's examples must all be on one replica;
+:func:`distribute_users` splits a user-level batch that way (whole users per
+replica), and the step refuses a batch that splits a user across replicas (a
+check on the all-gathered ids, before any noise). The mechanism then runs on
+the global batch with the global users' segments (DP-AdaFEST's per-user map).
+
 Example::
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -63,6 +70,8 @@ import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.clipping.clip import ClippedGradients, clip_gradients
+from tfdp_sparse.clipping.user_norms import UserSegments
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.step.losses import record_losses
 from tfdp_sparse.step.regularization import regularization_gradients
@@ -116,12 +125,18 @@ class MirroredPrivateStep:
         scope, ``expected_batch_size`` = the *global* expected batch; its
         mechanism built outside the scope.
       ledger: optional; each call records one step at ``q = B / dataset_size``.
-      dataset_size: ``N``, required with ``ledger``.
+      dataset_size: ``N`` (users at the user level), required with ``ledger``.
+      unit: the privacy unit; at the user level every call passes the batch's user ids, each user's
+        examples on one replica (:func:`distribute_users`).
     """
 
     def __init__(self, strategy, model: tf.keras.Model, loss_fn: PerExampleLoss, optimizer: DPOptimizer,
-                 ledger: Optional[PrivacyLedger] = None, dataset_size: Optional[int] = None):
+                 ledger: Optional[PrivacyLedger] = None, dataset_size: Optional[int] = None,
+                 unit: PrivacyUnitConfig = PrivacyUnitConfig()):
         _check_setup(strategy, model, optimizer)
+        if not isinstance(unit, PrivacyUnitConfig):
+            raise TypeError(f"unit must be a PrivacyUnitConfig, got {type(unit).__name__}")
+        self.unit = unit
         if ledger is not None and (dataset_size is None or optimizer.expected_batch_size is None):
             raise ValueError("a ledger needs dataset_size N and the optimizer's expected_batch_size B (q = B/N)")
         self.strategy, self.model, self.loss_fn, self.optimizer = strategy, model, loss_fn, optimizer
@@ -153,13 +168,15 @@ class MirroredPrivateStep:
         predictions = self.model(features, training=True)
         return predictions, self.loss_fn(labels, predictions)
 
-    def _replica_clip(self, features, labels) -> dict:
-        """Forward pass and per-example clipping of this replica's share (replica context)."""
+    def _replica_clip(self, features, labels, user_ids=None) -> dict:
+        """Forward pass and per-example (or per-user) clipping of this replica's share (replica context)."""
         self._recorder.clear()
         variables = self.model.trainable_variables
         recorded = record_losses(self._forward_loss, features, labels)  # non-finite examples contribute nothing
         loss = recorded.losses
-        clipped = clip_gradients(loss, recorded.tape, variables, self._recorder.take(), self.mechanism.l2_norm_clip)
+        users = None if user_ids is None else self.unit.clipping(UserSegments.from_user_ids(user_ids))
+        clipped = clip_gradients(loss, recorded.tape, variables, self._recorder.take(), self.mechanism.l2_norm_clip,
+                                 users=users)
         check_recorded(clipped.grads, variables)
         self._layout = _Layout(tuple(clipped.is_table))
         parts = []
@@ -171,8 +188,13 @@ class MirroredPrivateStep:
         norms = clipped.norms if clipped.norms is not None else tf.zeros([0])
         # Weight regularizers depend on the weights alone: equal on every replica, outside clipping.
         regularization = regularization_gradients(self.model, variables) or [None] * len(variables)
-        return {"parts": parts, "norms": norms, "loss": tf.reduce_sum(loss), "size": clipped.batch_size,
-                "regularization": regularization}
+        out = {"parts": parts, "norms": norms, "loss": tf.reduce_sum(loss), "size": clipped.batch_size,
+               "regularization": regularization}
+        if user_ids is not None:
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            out["users"] = tf.cast(tf.reshape(user_ids, [-1]), tf.int64)
+            out["replica"] = tf.fill(tf.shape(out["users"]), tf.cast(replica, tf.int64))
+        return out
 
     def _regularization(self, per_replica: dict) -> Optional[list]:
         """The regularizers' gradients (every replica holds the same; the first replica's copy is used)."""
@@ -217,14 +239,33 @@ class MirroredPrivateStep:
         size = self.strategy.reduce(_SUM, per_replica["size"], axis=None)
         return ClippedGradients(grads, list(self._layout.is_table), norms, size, lookups)
 
+    def _global_users(self, per_replica: dict) -> Optional[UserSegments]:
+        """The global batch's user segments (in all-gather order, as the lookups); refuses a user split across
+        replicas (their clipped sums were clipped apart, so the user's bound would be ``R C``)."""
+        if "users" not in per_replica:
+            return None
+        users = self.strategy.gather(per_replica["users"], axis=0)
+        replicas = self.strategy.gather(per_replica["replica"], axis=0)
+        segments = UserSegments.from_user_ids(users)
+        first = tf.math.unsorted_segment_min(replicas, segments.ids, segments.count)
+        last = tf.math.unsorted_segment_max(replicas, segments.ids, segments.count)
+        check = tf.debugging.assert_equal(
+            first, last, message="a user's examples are on two replicas: at the user level each replica clips its "
+                                 "users' summed gradients, so every user's examples must be on one replica "
+                                 "(split the batch with tfdp_sparse.distribute.mirrored.distribute_users)")
+        with tf.control_dependencies([check]):
+            return UserSegments(tf.identity(segments.ids), segments.count)
+
     def _update(self, per_replica: dict, clipped: ClippedGradients) -> PrivateUpdate:
         """The mechanism, once, on the global batch (cross-replica context): the shared half of every step."""
         opt = self.optimizer
         return noised_update(self.mechanism, clipped, self.model.trainable_variables, opt.expected_batch_size,
-                             self._regularization(per_replica), context=opt.step_context())
+                             self._regularization(per_replica), users=self._global_users(per_replica),
+                             context=opt.step_context())
 
-    def _run(self, features, labels) -> dict:
-        per_replica = self.strategy.run(self._replica_clip, args=(features, labels))
+    def _run(self, features, labels, user_ids=None) -> dict:
+        args = (features, labels) if user_ids is None else (features, labels, user_ids)
+        per_replica = self.strategy.run(self._replica_clip, args=args)
         clipped = self._global_clipped(per_replica)
         opt = self.optimizer
         update = self._update(per_replica, clipped)
@@ -236,9 +277,16 @@ class MirroredPrivateStep:
         return {"loss": loss / tf.cast(tf.maximum(clipped.batch_size, 1), tf.float32),
                 "embedding_values": update.embedding_values, "batch_size": clipped.batch_size}
 
-    def __call__(self, features, labels) -> dict:
-        """One private step on distributed ``features``/``labels`` (e.g. from ``experimental_distribute_dataset``)."""
-        out = self._step(features, labels)
+    def __call__(self, features, labels, user_ids=None) -> dict:
+        """One private step on distributed ``features``/``labels`` (e.g. from ``experimental_distribute_dataset``).
+
+        ``user_ids`` (distributed like the labels): required at the user level, refused otherwise.
+        """
+        if (user_ids is None) == self.unit.is_user_level:
+            raise ValueError(f"MirroredPrivateStep(unit={self.unit.describe()}) got user_ids="
+                             f"{'None' if user_ids is None else '...'}: the user level needs the batch's user ids "
+                             "(each user's examples on one replica), the example level takes none")
+        out = self._step(features, labels) if user_ids is None else self._step(features, labels, user_ids)
         if self.ledger is not None:
             q = self.optimizer.expected_batch_size / self.dataset_size
             event = self.mechanism.step_event(q)
@@ -248,3 +296,27 @@ class MirroredPrivateStep:
                 self.ledger.record_step(event)
         return out
 
+
+
+def distribute_users(strategy, arrays: tuple, user_ids) -> tuple:
+    """``arrays`` (each ``[n, ...]``, NumPy) and ``user_ids`` ``[n]`` split across replicas by whole users.
+
+    The users of the batch, in order of first appearance, go to the replicas
+    in turn, so no user is split; the replicas' shares may differ in size
+    (mirrored steps take uneven shares). Returns the distributed arrays and
+    the distributed user ids, for ``MirroredPrivateStep(..., unit=user)``.
+    Example: users ``[7, 7, 3, 9]`` on 2 replicas: replica 0 gets the examples of 7 and 9, replica 1 of 3.
+    """
+    import numpy as np
+
+    user_ids = np.asarray(user_ids).reshape(-1)
+    order = {u: i for i, u in enumerate(dict.fromkeys(user_ids.tolist()))}
+    replicas = strategy.num_replicas_in_sync
+    owner = np.array([order[u] % replicas for u in user_ids.tolist()], dtype=np.int64)
+
+    def share(array):
+        array = np.asarray(array)
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(array[owner == ctx.replica_id_in_sync_group]))
+
+    return tuple(share(a) for a in arrays), share(user_ids)

@@ -38,40 +38,20 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Optional, Sequence
+from typing import Optional
 
 import tensorflow as tf
 
-from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.clipping.taps import TapRecorder
-from tfdp_sparse.step.attachment import ModelTaps
-from tfdp_sparse.step.update import private_update
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.optimizers import TableOptimizer, TableUpdate
+from tfdp_sparse.step.optimizer_core import (  # noqa: F401 (re-exported: the names callers import from here)
+    BYPASS_MESSAGE, REFUSED_KWARGS, DPOptimizerCore, UnprivatizedUpdateError, check_arguments,
+    check_expected_batch_size)
+from tfdp_sparse.step.update import PrivateUpdate
 from tfdp_sparse.tables import table_refs, variable_key
-
-REFUSED_KWARGS = ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "use_ema")
-
-
-class UnprivatizedUpdateError(RuntimeError):
-    """``DPOptimizer.apply_gradients`` was called with gradients that did not go through its private step."""
-
-    # AutoGraph (``model.fit``'s train function) re-raises an error raised while tracing as its own
-    # type only if ``__init__ is Exception.__init__``; otherwise users would see a ``StagingError``.
-    __init__ = Exception.__init__
-
-
-BYPASS_MESSAGE = (
-    "DPOptimizer.apply_gradients was called outside the private step, with gradients that were neither "
-    "clipped per example nor noised: that update would not be private. Likely causes: a custom "
-    "train_step that calls optimizer.apply_gradients (tfrs.Model's train_step does this); a mixed_float16 "
-    "policy, under which model.compile wraps the optimizer in a LossScaleOptimizer; or a hand-written loop. "
-    "Use tfdp_sparse.keras.make_private(model, ...), which owns the train step (tfrs.Model through its "
-    "compute_loss, mixed precision included), or PrivateStep in a custom loop."
-)
 
 COMPILE_MESSAGE = (
     "model.compile(optimizer=DPOptimizer) with model.fit is refused for the private mechanism {name!r}: Keras' "
@@ -83,26 +63,7 @@ COMPILE_MESSAGE = (
 )
 
 
-def check_expected_batch_size(expected_batch_size: Optional[int], mechanism: Mechanism) -> None:
-    """Refuses a missing (private mechanism) or non-positive ``expected_batch_size``.
-
-    Example: ``DPOptimizer(DPSGD(1.0, 1.0), 0.1)`` raises; ``DPOptimizer(NonPrivate(), 0.1)``
-    does not.
-    """
-    if expected_batch_size is None:
-        if mechanism.l2_norm_clip is not None:
-            raise ValueError(
-                f"DPOptimizer needs expected_batch_size for the private mechanism {mechanism.name!r} "
-                f"(l2_norm_clip={mechanism.l2_norm_clip}), got expected_batch_size=None: dividing by each "
-                "batch's actual size would make the update depend on the (private) batch size; pass the "
-                "fixed expected batch size B (the sampling rate q times the dataset size)"
-            )
-        return
-    if isinstance(expected_batch_size, bool) or int(expected_batch_size) != expected_batch_size or expected_batch_size < 1:
-        raise ValueError(f"expected_batch_size must be a positive integer, got {expected_batch_size!r}")
-
-
-class DPOptimizer(tf.keras.optimizers.SGD):
+class DPOptimizer(DPOptimizerCore, tf.keras.optimizers.SGD):
     """SGD whose ``minimize`` clips per example and applies a mechanism's noise.
 
     Args:
@@ -150,30 +111,12 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         predraw_dense_noise: bool = False,
         **kwargs,
     ):
-        for key in REFUSED_KWARGS:
-            if kwargs.get(key) not in (None, False):
-                raise ValueError(
-                    f"DPOptimizer does not support {key}={kwargs[key]!r}: it would change the "
-                    "per-example sensitivity the privacy analysis relies on"
-                )
-        if not isinstance(mechanism, Mechanism):
-            raise TypeError(f"mechanism must be a tfdp_sparse Mechanism, got {type(mechanism).__name__}")
-        check_expected_batch_size(expected_batch_size, mechanism)
+        check_arguments(mechanism, expected_batch_size, dense_optimizer, kwargs, "tf.keras")
         super().__init__(learning_rate=learning_rate, momentum=momentum, name=name, **kwargs)
-        self.mechanism = mechanism
-        self.expected_batch_size = expected_batch_size
-        if not isinstance(predraw_dense_noise, bool):
-            raise TypeError(f"predraw_dense_noise must be a bool, got {predraw_dense_noise!r}")
-        self.predraw_dense_noise = predraw_dense_noise
-        if dense_optimizer is not None and not isinstance(dense_optimizer, tf.keras.optimizers.Optimizer):
-            raise TypeError(f"dense_optimizer must be a tf.keras optimizer, got {type(dense_optimizer).__name__}")
+        self._init_private_state(mechanism, expected_batch_size, predraw_dense_noise)
         self.dense_optimizer = dense_optimizer
         self.table_optimizer = None if table_optimizer is None else TableOptimizer(table_optimizer)
         mechanism.check_optimizer(self)
-        self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
-        self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
-        self._taps = ModelTaps()
-        self._privatized_depth = 0
 
     def attach(self, model: tf.keras.Model, registry: Optional[LayerRegistry] = None) -> TapRecorder:
         """Gives ``model``'s layers the clipping rules of ``registry`` (default: the toolkit's).
@@ -185,14 +128,6 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         recorder = self._taps.attach(model, registry)
         self.prebuild(model)
         return recorder
-
-    def is_attached_to(self, model: tf.keras.Model) -> bool:
-        """True when :meth:`attach` was called with ``model`` (and it is alive)."""
-        return self._taps.is_attached_to(model)
-
-    def recorder(self) -> TapRecorder:
-        """The recorder the attached model's layers write taps to (clear it before a forward pass)."""
-        return self._taps.recorder()
 
     def build(self, var_list):
         """Like ``SGD.build`` but without momentum slots when momentum is 0.
@@ -232,38 +167,19 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             tables = {ref.key for ref in table_refs(model)}
             self.dense_optimizer.build([v for v in variables if variable_key(v) not in tables])
 
-    def private_step(self, per_example_loss: tf.Tensor, var_list, tape: tf.GradientTape,
-                     regularization_grads: Optional[Sequence] = None,
-                     users: Optional[UserClipping] = None) -> tf.Operation:
-        """Clip, noise and apply one step (the body of ``minimize``).
-
-        ``users`` (user-level DP): the batch's user segments, cap ``k`` and
-        method; each user's summed gradient is clipped to ``C`` instead of each
-        example's (:mod:`tfdp_sparse.clipping.user_norms`).
-
-        ``regularization_grads`` (aligned with ``var_list``, ``None`` entries
-        allowed): gradients of weight regularizers, which depend on no example;
-        they are added after noise and the ``1/B`` scaling, unclipped
-        (:mod:`tfdp_sparse.step.regularization`).
-        """
-        if tape is None:
-            raise ValueError("DPOptimizer needs the GradientTape that recorded the forward pass")
-        var_list = list(var_list() if callable(var_list) else var_list)
-        update = private_update(self.mechanism, self.expected_batch_size, per_example_loss, var_list, tape,
-                                self.recorder().take(), regularization_grads,
-                                predraw_dense=self.predraw_dense_noise, users=users, context=self.step_context())
-        updates = update.assign_metrics(self.last_embedding_values, self.last_clipped_fraction)
-        with tf.control_dependencies(updates), self.privatized():
-            if self.table_optimizer is not None:
-                return self._apply_with_table_optimizer(*update.split_pairs(var_list))
-            if self.dense_optimizer is None:
-                return self.apply_gradients(update.pairs)
-            table_pairs, dense_pairs = update.split_pairs(var_list)
-            # Post-processing of the noised gradient: any optimizer is fine
-            # for dense variables; tables keep this optimizer's plain SGD.
-            dense_op = self.dense_optimizer.apply_gradients(dense_pairs)
-            with tf.control_dependencies([dense_op]):
-                return self.apply_gradients(table_pairs)
+    def _apply_update(self, update: PrivateUpdate, var_list: list, tf_vars: list) -> tf.Operation:
+        """tf-keras' hook of :meth:`DPOptimizerCore.private_step`: tables through ``table_optimizer`` (this
+        SGD without one), the other variables through ``dense_optimizer`` (this SGD without one)."""
+        if self.table_optimizer is not None:
+            return self._apply_with_table_optimizer(*update.split_pairs(tf_vars))
+        if self.dense_optimizer is None:
+            return self.apply_gradients(update.pairs)
+        table_pairs, dense_pairs = update.split_pairs(tf_vars)
+        # Post-processing of the noised gradient: any optimizer is fine
+        # for dense variables; tables keep this optimizer's plain SGD.
+        dense_op = self.dense_optimizer.apply_gradients(dense_pairs)
+        with tf.control_dependencies([dense_op]):
+            return self.apply_gradients(table_pairs)
 
     def current_learning_rate(self) -> tf.Tensor:
         """``eta`` of the step about to be applied (float32): a schedule evaluated at ``iterations``.
@@ -300,25 +216,9 @@ class DPOptimizer(tf.keras.optimizers.SGD):
             with tf.control_dependencies([dense_op]):
                 return self.iterations.assign_add(1)
 
-    @contextlib.contextmanager
-    def privatized(self) -> Iterator[None]:
-        """Inside it, :meth:`apply_gradients` accepts gradients: the caller has clipped and noised them.
-
-        :meth:`private_step` uses it, as do the backends that run the
-        mechanism themselves (the TPU program, mirrored replicas). Anything
-        else calling ``apply_gradients`` gets :class:`UnprivatizedUpdateError`
-        (checked while tracing, so it costs nothing per step).
-        """
-        self._privatized_depth += 1
-        try:
-            yield
-        finally:
-            self._privatized_depth -= 1
-
     def apply_gradients(self, grads_and_vars, name: Optional[str] = None, **kwargs):
         """Keras' update, only for gradients of the private step (see :meth:`privatized`)."""
-        if self._privatized_depth <= 0:
-            raise UnprivatizedUpdateError(BYPASS_MESSAGE)
+        self._refuse_unprivatized()
         return super().apply_gradients(grads_and_vars, name=name, **kwargs)
 
     def minimize(self, loss, var_list, tape=None):
@@ -332,9 +232,4 @@ class DPOptimizer(tf.keras.optimizers.SGD):
         return self.private_step(loss, var_list, tape)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(expected_batch_size=self.expected_batch_size, mechanism=self.mechanism.describe(),
-                      predraw_dense_noise=self.predraw_dense_noise)
-        if self.table_optimizer is not None:
-            config.update(table_optimizer=self.table_optimizer.rule.describe())
-        return config
+        return {**super().get_config(), **self.private_config()}

@@ -43,23 +43,19 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Optional, Sequence
+from typing import Optional
 
 import tensorflow as tf
 
 from tfdp_sparse.clipping.coverage import own_variables
 from tfdp_sparse.clipping.registry import LayerRegistry
-from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.clipping.taps import TapRecorder
-from tfdp_sparse.step.attachment import ModelTaps
-from tfdp_sparse.step.optimizer import (BYPASS_MESSAGE, REFUSED_KWARGS, UnprivatizedUpdateError,
-                                         check_expected_batch_size)
-from tfdp_sparse.step.update import private_update
 from tfdp_sparse.keras_stack import as_tf_variable, model_layers
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.optimizers import TableOptimizer, TableUpdate
+from tfdp_sparse.step.optimizer_core import DPOptimizerCore, check_arguments
+from tfdp_sparse.step.update import PrivateUpdate
 from tfdp_sparse.tables import table_refs
 
 
@@ -83,37 +79,25 @@ def refuse_autocast_layers(model: tf.keras.Model) -> None:
             "(TF_USE_LEGACY_KERAS=1), where make_private trains mixed_float16 models privately.")
 
 
-class Keras3DPOptimizer(tf.keras.optimizers.SGD):
+class Keras3DPOptimizer(DPOptimizerCore, tf.keras.optimizers.SGD):
     """Keras 3 SGD whose :meth:`private_step` clips per example and applies a mechanism's noise.
 
     Args: as :class:`tfdp_sparse.keras.DPOptimizer` (``mechanism``, ``learning_rate``,
     ``expected_batch_size``, ``momentum``, ``dense_optimizer``: a Keras 3 optimizer for the
-    non-table variables, ``table_optimizer``: a row-wise rule for the tables).
+    non-table variables, ``table_optimizer``: a row-wise rule for the tables, ``predraw_dense_noise``).
+    The stack-independent half is :class:`~tfdp_sparse.step.optimizer_core.DPOptimizerCore`.
     """
 
     def __init__(self, mechanism: Mechanism, learning_rate=0.01, expected_batch_size: Optional[int] = None,
                  momentum: float = 0.0, name: str = "DPOptimizer",
                  dense_optimizer: Optional[tf.keras.optimizers.Optimizer] = None,
-                 table_optimizer: Optional[TableUpdate] = None, **kwargs):
-        for key in REFUSED_KWARGS:
-            if kwargs.get(key) not in (None, False):
-                raise ValueError(f"DPOptimizer does not support {key}={kwargs[key]!r}: it would change the "
-                                 "per-example sensitivity the privacy analysis relies on")
-        if not isinstance(mechanism, Mechanism):
-            raise TypeError(f"mechanism must be a tfdp_sparse Mechanism, got {type(mechanism).__name__}")
-        check_expected_batch_size(expected_batch_size, mechanism)
-        if dense_optimizer is not None and not isinstance(dense_optimizer, tf.keras.optimizers.Optimizer):
-            raise TypeError(f"dense_optimizer must be a Keras 3 optimizer, got {type(dense_optimizer).__name__}")
+                 table_optimizer: Optional[TableUpdate] = None, predraw_dense_noise: bool = False, **kwargs):
+        check_arguments(mechanism, expected_batch_size, dense_optimizer, kwargs, "Keras 3")
         super().__init__(learning_rate=learning_rate, momentum=momentum, name=name, **kwargs)
         self.dense_optimizer = dense_optimizer
         self.table_optimizer = None if table_optimizer is None else TableOptimizer(table_optimizer,
                                                                                     new_variable=self._new_slot)
-        self.mechanism = mechanism
-        self.expected_batch_size = expected_batch_size
-        self.last_embedding_values = tf.Variable(0, dtype=tf.int64, trainable=False, name="embedding_values")
-        self.last_clipped_fraction = tf.Variable(0.0, trainable=False, name="clipped_fraction")
-        self._taps = ModelTaps()
-        self._privatized_depth = 0
+        self._init_private_state(mechanism, expected_batch_size, predraw_dense_noise)
         mechanism.check_optimizer(self)  # LazyDP: plain SGD (no row-wise table rule), no momentum, a fixed B
 
     def attach(self, model: tf.keras.Model, registry: Optional[LayerRegistry] = None) -> TapRecorder:
@@ -138,46 +122,28 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
                                      dtype=initial.dtype.name, name=name)
         return as_tf_variable(variable)
 
-    def is_attached_to(self, model: tf.keras.Model) -> bool:
-        """True when :meth:`attach` was called with ``model``."""
-        return self._taps.is_attached_to(model)
+    def _tf_variables(self, var_list: list) -> list:
+        """The ``tf.Variable`` behind each ``keras.Variable`` (the private step runs on those)."""
+        return [as_tf_variable(v) for v in var_list]
 
-    def recorder(self) -> TapRecorder:
-        """The recorder the attached model's layers write taps to (clear it before a forward pass)."""
-        return self._taps.recorder()
-
-    def private_step(self, per_example_loss: tf.Tensor, var_list: Sequence, tape: tf.GradientTape,
-                     regularization_grads: Optional[Sequence] = None,
-                     users: Optional[UserClipping] = None) -> tf.Operation:
-        """Clip, noise and apply one step on ``var_list`` (``keras.Variable``; see module doc).
-
-        ``users`` (user level): each user's summed gradient is clipped to C.
-        """
-        if tape is None:
-            raise ValueError("DPOptimizer needs the GradientTape that recorded the forward pass")
-        keras_vars = list(var_list)
-        tf_vars = [as_tf_variable(v) for v in keras_vars]
-        update = private_update(self.mechanism, self.expected_batch_size, per_example_loss, tf_vars, tape,
-                                self.recorder().take(), regularization_grads, users=users,
-                                context=self.step_context())
-        updates = update.assign_metrics(self.last_embedding_values, self.last_clipped_fraction)
-        by_ref = {t.ref(): k for t, k in zip(tf_vars, keras_vars)}
+    def _apply_update(self, update: PrivateUpdate, var_list: list, tf_vars: list) -> tf.Operation:
+        """Keras 3's hook of :meth:`DPOptimizerCore.private_step`: the pairs applied to the ``keras.Variable``."""
+        by_ref = {t.ref(): k for t, k in zip(tf_vars, var_list)}
         table_pairs, other_pairs = update.split_pairs(tf_vars)
-        with tf.control_dependencies(updates), self.privatized():
-            # Post-processing of the noised gradient: the table rule on the tables' tf.Variable (plain SGD
-            # without one), any optimizer for the dense variables (this SGD without one).
-            table_ops = [] if self.table_optimizer is None else self.table_optimizer.apply_pairs(table_pairs)
-            sgd_pairs = table_pairs if self.table_optimizer is None else []
-            if self.dense_optimizer is None:
-                sgd_pairs, other_pairs = sgd_pairs + other_pairs, []
-            with tf.control_dependencies(table_ops):
-                if other_pairs:
-                    self.dense_optimizer.apply_gradients([(g, by_ref[v.ref()]) for g, v in other_pairs])
-                if sgd_pairs:
-                    self.apply_gradients([(g, by_ref[v.ref()]) for g, v in sgd_pairs])  # increments iterations
-                else:
-                    self.iterations.assign_add(1)
-            return tf.convert_to_tensor(self.iterations)
+        # Post-processing of the noised gradient: the table rule on the tables' tf.Variable (plain SGD
+        # without one), any optimizer for the dense variables (this SGD without one).
+        table_ops = [] if self.table_optimizer is None else self.table_optimizer.apply_pairs(table_pairs)
+        sgd_pairs = table_pairs if self.table_optimizer is None else []
+        if self.dense_optimizer is None:
+            sgd_pairs, other_pairs = sgd_pairs + other_pairs, []
+        with tf.control_dependencies(table_ops):
+            if other_pairs:
+                self.dense_optimizer.apply_gradients([(g, by_ref[v.ref()]) for g, v in other_pairs])
+            if sgd_pairs:
+                self.apply_gradients([(g, by_ref[v.ref()]) for g, v in sgd_pairs])  # increments iterations
+            else:
+                self.iterations.assign_add(1)
+        return tf.convert_to_tensor(self.iterations)
 
     def step_context(self) -> StepContext:
         """The :class:`StepContext` of the step about to be applied, from Keras 3's public API.
@@ -189,15 +155,6 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         return StepContext.of(tf.convert_to_tensor(self.iterations), tf.convert_to_tensor(self.learning_rate),
                               self.expected_batch_size)
 
-    @contextlib.contextmanager
-    def privatized(self) -> Iterator[None]:
-        """Inside it, :meth:`apply_gradients` accepts gradients (the private step clipped and noised them)."""
-        self._privatized_depth += 1
-        try:
-            yield
-        finally:
-            self._privatized_depth -= 1
-
     def apply(self, grads, trainable_variables=None):
         """Keras 3's update, only for gradients of the private step (:class:`UnprivatizedUpdateError` otherwise).
 
@@ -206,14 +163,12 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         (``model.compile`` wraps the optimizer in it), which never calls
         ``apply_gradients`` of the optimizer it wraps.
         """
-        if self._privatized_depth <= 0:
-            raise UnprivatizedUpdateError(BYPASS_MESSAGE)
+        self._refuse_unprivatized()
         return super().apply(grads, trainable_variables)
 
     def update_step(self, gradient, variable, learning_rate):
         """Keras 3's per-variable update, only inside the private step (a direct call is refused by name)."""
-        if self._privatized_depth <= 0:
-            raise UnprivatizedUpdateError(BYPASS_MESSAGE)
+        self._refuse_unprivatized()
         return super().update_step(gradient, variable, learning_rate)
 
     def load_own_variables(self, store) -> None:
@@ -232,8 +187,4 @@ class Keras3DPOptimizer(tf.keras.optimizers.SGD):
         super().load_own_variables(store)
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(expected_batch_size=self.expected_batch_size, mechanism=self.mechanism.describe())
-        if self.table_optimizer is not None:
-            config.update(table_optimizer=self.table_optimizer.rule.describe())
-        return config
+        return {**super().get_config(), **self.private_config()}

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import sys
 import time
-from typing import Callable, Optional, Sequence, TextIO
+from typing import Any, Callable, Optional, Sequence, TextIO
 
 import numpy as np
 import tensorflow as tf
@@ -101,3 +101,19 @@ def emit(lines: Sequence[dict], out: TextIO = sys.stdout, output: Optional[str] 
     finally:
         if sink is not None:
             sink.close()
+
+
+def settings_main(parse: Callable[[Optional[Sequence[str]]], tuple], run: Callable[..., Any],
+                  argv: Optional[Sequence[str]] = None) -> int:
+    """A benchmark's ``main``: ``parse(argv) -> (settings, output)``, validated, then ``run(settings, output=...)``.
+
+    Returns 0, or 2 after printing ``error: ...`` for invalid settings. Example: ``sys.exit(settings_main(parse, run))``.
+    """
+    try:
+        settings, output = parse(argv)
+        settings.validate()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    run(settings, output=output)
+    return 0

@@ -47,7 +47,7 @@ from typing import Optional, Sequence, TextIO  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks.fit_rounds import StepTimer, Trainer, alternate, emit, timing_fields  # noqa: E402
+from benchmarks.fit_rounds import StepTimer, Trainer, alternate, emit, settings_main, timing_fields  # noqa: E402
 from tfdp_sparse.clipping import generic, keras_layers  # noqa: E402
 from tfdp_sparse.clipping.registry import LayerRegistry  # noqa: E402
 from tfdp_sparse.config import PrivacyConfig  # noqa: E402
@@ -225,14 +225,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple[Settings, Optional[str]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    try:
-        settings, output = parse(argv)
-        settings.validate()
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    run(settings, output=output)
-    return 0
+    return settings_main(parse, run, argv)
 
 
 if __name__ == "__main__":

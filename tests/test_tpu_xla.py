@@ -31,6 +31,10 @@ CONFIGS = {
     "adafest": PrivacyConfig(algorithm="adafest", noise_multiplier=QUIET, l2_norm_clip=h.CLIP,
                              extra=(("tau", 0.6), ("sigma1", 1e-7), ("C1", 1.0))),
     "lazydp": PrivacyConfig(algorithm="lazydp", noise_multiplier=QUIET, l2_norm_clip=h.CLIP),
+    "dpfest_lazy": PrivacyConfig(algorithm="dpfest", noise_multiplier=QUIET, l2_norm_clip=h.CLIP,
+                                 extra=(("kept_ids", h.KEPT[0]), ("kept_noise", "lazy"))),
+    "adafest_plus": PrivacyConfig(algorithm="adafest_plus", noise_multiplier=QUIET, l2_norm_clip=h.CLIP,
+                                  extra=(("kept_ids", h.KEPT[0]), ("tau", 0.6), ("sigma1", 1e-7), ("C1", 1.0))),
 }
 
 

@@ -151,6 +151,15 @@ FULL_ONLY: dict[str, Moved] = {
         ("tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[dpsgd]",
          "tests/test_static_batch.py::test_xla_traces_once_on_a_static_signature_and_equals_the_step_without_xla"),
         "two emulator runs (10-15 s); DP-FEST's compiled step is pinned on the Keras path"),
+    "tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[adafest_plus]": Moved(
+        ("tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[dpsgd]",
+         "tests/test_xla_adafest.py::test_compiled_steps_equal_the_steps_without_xla"),
+        "two emulator runs (20 s); DP-AdaFEST+'s compiled step is pinned on the Keras path"),
+    "tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[dpfest_lazy]": Moved(
+        ("tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[lazydp]",
+         "tests/test_xla_lazy.py::test_make_private_compiles_once_and_equals_the_run_without_xla"),
+        "two emulator runs (16 s); lazy DP-FEST's compiled catch-up is pinned on the Keras path, the TPU "
+        "look-ahead with LazyDP"),
     "tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[eana]": Moved(
         ("tests/test_tpu_xla.py::test_compiled_tensor_core_half_equals_the_emulator[dpsgd]",
          "tests/test_static_batch.py::test_xla_traces_once_on_a_static_signature_and_equals_the_step_without_xla",

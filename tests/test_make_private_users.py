@@ -151,3 +151,17 @@ def test_a_release_of_another_unit_is_refused_and_one_of_the_run_unit_is_charged
     assert private.report()["privacy_unit"] == "user"
     with pytest.raises(ValueError, match="privacy_unit must be"):
         PreTrainingRelease("v", event, privacy_unit="person")
+
+
+def test_the_non_private_reference_trains_at_the_user_level():
+    """``algorithm="sgd"`` at the user level (the reference of a user-level run): user-sampled batches, nothing
+    clipped. It was refused with "user-level clipping needs a clip_norm" (found measuring issue 34 item 6)."""
+    x, y, users = _data()
+    model = _model()
+    initial = [w.copy() for w in model.get_weights()]
+    private = make_private(model, PrivacyConfig(algorithm="sgd"), num_examples=N, num_users=USERS, batch_size=8,
+                           steps=3, loss=_loss, learning_rate=0.5, privacy_unit=PrivacyUnitConfig.user(K))
+    private.compile()
+    private.fit(x, y, user_ids=users, verbose=0)
+    assert all(np.abs(a - b).max() > 1e-4 for a, b in zip(model.get_weights(), initial))
+    assert private.report()["epsilon"] is None  # not private: no epsilon

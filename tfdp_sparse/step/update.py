@@ -122,7 +122,8 @@ def private_update(mechanism: Mechanism, expected_batch_size: Optional[int], per
     Example: with DP-SGD at σ=0, C large and B=2, a batch of two examples gives pairs
     ``(sum_i g_i / 2, v)``, i.e. the plain mean gradient.
     """
-    clipped = clip_gradients(per_example_loss, tape, variables, recorded, mechanism.l2_norm_clip, users=users)
+    clip = mechanism.l2_norm_clip  # None: a non-private rule (the reference run), which clips no one, users neither
+    clipped = clip_gradients(per_example_loss, tape, variables, recorded, clip, users=None if clip is None else users)
     check_recorded(clipped.grads, variables)
     return noised_update(mechanism, clipped, variables, expected_batch_size, regularization_grads,
                          predraw_dense=predraw_dense, users=None if users is None else users.segments,

@@ -64,7 +64,10 @@ def _hits_at_k(scores: np.ndarray, labels: np.ndarray, ks, exclude) -> dict:
     cols = np.arange(scores.shape[1])
     # rank = number of movies ranked before the label (higher score, or equal score and lower id)
     before = (scores > label_score[:, None]) | ((scores == label_score[:, None]) & (cols[None, :] < labels[:, None]))
-    rank = before.sum(axis=1)
+    # NaN compares false with everything: a diverged model's NaN scores would rank every label first (recall 1).
+    # A NaN score ranks its movie before the label, and a NaN label score is a miss.
+    before |= np.isnan(scores)
+    rank = np.where(np.isnan(label_score), scores.shape[1], before.sum(axis=1))
     return {k: int(np.sum(rank < k)) for k in ks}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import tensorflow as tf
 
@@ -19,6 +20,7 @@ from models.dual_encoder.config import DualEncoderConfig, NegativeDistribution
 from models.dual_encoder.logits import _padding_mask, full_catalogue_logits, in_batch_logits, sampled_logits
 from models.dual_encoder.towers import SelfAttentionTower, _positionwise
 from tfdp_sparse.layers import DPEmbedding, FlushedReadsMixin
+from tfdp_sparse.retrieval import PublicProposal
 
 
 class DualEncoder(FlushedReadsMixin, tf.keras.Model):
@@ -35,13 +37,32 @@ class DualEncoder(FlushedReadsMixin, tf.keras.Model):
     and :meth:`catalogue_scores` read through ``DPEmbedding.read_table``,
     ``get_weights`` / ``save_weights`` flush every table
     (:class:`~tfdp_sparse.layers.FlushedReadsMixin`).
+
+    ``proposal`` (``negatives="sampled"`` only): a
+    :class:`~tfdp_sparse.retrieval.PublicProposal` over the ``num_rows`` ids
+    (e.g. a popularity prior from public data) replacing
+    ``negative_distribution`` for the draws and their ``log(K Q)``
+    correction. It is not part of :meth:`get_config` (an array): pass it
+    again when rebuilding the model.
     """
 
-    def __init__(self, config: DualEncoderConfig, seed: int = 0, **kwargs):
+    def __init__(self, config: DualEncoderConfig, seed: int = 0, proposal: Optional[PublicProposal] = None,
+                 **kwargs):
         kwargs.setdefault("name", "dual_encoder")
         super().__init__(**kwargs)
         self.config = config.validate()
         self.seed = int(seed)
+        if proposal is not None:
+            if not isinstance(proposal, PublicProposal):
+                raise TypeError(f"proposal must be a tfdp_sparse.retrieval.PublicProposal, got "
+                                f"{type(proposal).__name__}")
+            if config.negatives != "sampled":
+                raise ValueError(f"a proposal applies to negatives='sampled', not negatives={config.negatives!r}")
+            if proposal.num_rows != config.num_rows:
+                raise ValueError(f"the proposal covers {proposal.num_rows} ids, the tables {config.num_rows} rows")
+            if proposal.probabilities[0] > 0:
+                raise ValueError("the proposal must give the padding row 0 probability 0 (exclude=(0,))")
+        self.proposal = proposal
 
         def table(name, offset, combiner):
             return DPEmbedding(
@@ -103,6 +124,8 @@ class DualEncoder(FlushedReadsMixin, tf.keras.Model):
         for ids 1, 2, 3 (``log2(2/1), log2(3/2), log2(4/3)`` over ``log2(4)``).
         """
         k, movies = self.config.num_negatives, self.config.num_rows - 1
+        if self.proposal is not None:
+            return self.proposal.sample(self.negative_sampler, k)
         if self.config.negative_distribution is NegativeDistribution.UNIFORM:
             return self.negative_sampler.uniform([k], minval=1, maxval=movies + 1, dtype=tf.int64)
         u = self.negative_sampler.uniform([k], dtype=tf.float64)
@@ -112,6 +135,8 @@ class DualEncoder(FlushedReadsMixin, tf.keras.Model):
     def negative_log_expected_count(self, ids: tf.Tensor) -> tf.Tensor:
         """``log(K Q(id))`` for ids in ``1..V``: the sampled-softmax correction."""
         k, movies = self.config.num_negatives, self.config.num_rows - 1
+        if self.proposal is not None:
+            return self.proposal.log_expected_count(ids, k)
         if self.config.negative_distribution is NegativeDistribution.UNIFORM:
             return tf.fill(tf.shape(ids), math.log(k / movies))
         m = tf.cast(ids, tf.float64)
@@ -162,9 +187,10 @@ class DualEncoder(FlushedReadsMixin, tf.keras.Model):
         return cls(DualEncoderConfig(**config.pop("config")), **config)
 
 
-def build_dual_encoder(config: DualEncoderConfig, seed: int = 0) -> DualEncoder:
-    """A built :class:`DualEncoder` (its variables exist, e.g. for ``bind_model``)."""
-    model = DualEncoder(config, seed=seed)
+def build_dual_encoder(config: DualEncoderConfig, seed: int = 0,
+                       proposal: Optional[PublicProposal] = None) -> DualEncoder:
+    """A built :class:`DualEncoder` (its variables exist, e.g. for ``bind_model``); ``proposal``: see the class."""
+    model = DualEncoder(config, seed=seed, proposal=proposal)
     dummy = {
         "context": tf.constant([[1] + [-1] * (config.context_length - 1)] * 2, tf.int64),
         "label": tf.constant([1, 1], tf.int64),

@@ -21,7 +21,9 @@ statistics, a layer assigning its own weights in ``call``): those are refused
 naming the layer. Training-mode randomness (dropout) is replayed: every
 evaluation starts from the same variable values (Keras 3 seed generators are
 variables) and the same global seed (tf-keras' dropout), so a mask belongs to
-a position and the comparison is exact. A loss that stays random even then
+a position and the comparison is exact; ``make_private`` restores the
+model's own ``tf.random.Generator`` states too (:func:`model_generators`:
+sampled negatives drawn in ``call``), so every compared batch sees one draw. A loss that stays random even then
 is checked in inference mode instead, and the report says so.
 
 What it cannot see: coupling that appears only on inputs it is not shown
@@ -274,6 +276,30 @@ class _Checker:
                     "the variable would hold exact statistics of private examples, outside clipping and noise "
                     "(BatchNormalization's moving mean/variance are exact statistics of each batch; "
                     "LayerNormalization normalises per example and is supported). Remove the write.")
+
+
+def model_generators(model: tf.keras.Model) -> list:
+    """The ``tf.random.Generator`` attributes of ``model`` and its layers (each once), e.g. a sampler of negatives.
+
+    The model's own public randomness (sampled-softmax negatives drawn in
+    ``call``): its state is restored between the check's evaluations, as
+    dropout is replayed, so every compared batch sees the same draw and the
+    check asks the question the sensitivity bound needs (for any fixed draw,
+    does example ``i``'s loss depend on another example?). Generators in a
+    list or dict attribute are found too. Example: a
+    :class:`~models.dual_encoder.DualEncoder` with sampled negatives gives
+    ``[model.negative_sampler]``.
+    """
+    found, seen = [], set()
+    for layer in model_layers(model):
+        for value in vars(layer).values():
+            if isinstance(value, dict):
+                value = list(value.values())
+            for candidate in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(candidate, tf.random.Generator) and id(candidate) not in seen:
+                    seen.add(id(candidate))
+                    found.append(candidate)
+    return found
 
 
 def owner_of(model: tf.keras.Model) -> Callable[[tf.Variable], str]:

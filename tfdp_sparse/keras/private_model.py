@@ -39,7 +39,7 @@ import tensorflow as tf
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.accounting.truncation import StaticBatchPlan
 from tfdp_sparse.data.sampling import PoissonSampler, StaticPoissonSampler, sampled_batch_dataset, static_batch_dataset
-from tfdp_sparse.keras.coupling import CouplingCheck, check_no_coupling, owner_of
+from tfdp_sparse.keras.coupling import CouplingCheck, check_no_coupling, model_generators, owner_of
 from tfdp_sparse.keras.fit_inputs import (  # noqa: F401  (IndexedSource: the documented source type)
     IndexedSource, as_tuples, gather_of, refuse_fit_arguments, refuse_weights)
 from tfdp_sparse.step.optimizer import DPOptimizer
@@ -328,7 +328,8 @@ class PrivateModel(tf.keras.Model):
             lambda bx, by, training: self._per_example_loss(bx, by, training=training)[1], take,
             num_rows=self.config.num_examples, batch_size=batch_size, variables=variables,
             trainable=tf_variables(self.model.trainable_variables), owner=owner_of(self.model),
-            machinery=[*mechanism.variables, *(g.state for g in mechanism.generators())])
+            machinery=[*mechanism.variables, *(g.state for g in mechanism.generators()),
+                       *(g.state for g in model_generators(self.model))])
         self.dp_optimizer.recorder().clear()  # the check's eager taps
         self._coupling_key = key
 

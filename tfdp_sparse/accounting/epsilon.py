@@ -145,6 +145,11 @@ def _pld_start_interval(event: dp_accounting.DpEvent, delta: float) -> float:
         return _PLD_MAX_INTERVAL
     if not math.isfinite(eps_rdp):
         return _PLD_MAX_INTERVAL
+    return _pld_interval_for(eps_rdp)
+
+
+def _pld_interval_for(eps_rdp: float) -> float:
+    """The first PLD interval of an event whose RDP ε is `eps_rdp` (finite)."""
     return min(_PLD_MAX_INTERVAL, max(_PLD_MIN_INTERVAL, 2e-4 * eps_rdp))
 
 
@@ -198,18 +203,26 @@ def epsilon_from_event(event: dp_accounting.DpEvent, delta: float,
     return _adaptive_pld(event, delta)[0]
 
 
-def _adaptive_pld(event: dp_accounting.DpEvent, delta: float
-                  ) -> tuple[float, float]:
+def _adaptive_pld(event: dp_accounting.DpEvent, delta: float,
+                  max_refinements: Optional[int] = None) -> tuple[float, float]:
     """(ε, coarse interval): refine the PLD grid until ε is stable.
 
     The second value is the coarsest interval found to be within the
-    tolerance of the returned ε: cheaper, slightly pessimistic, and used for
-    the many evaluations of a calibration.
+    tolerance of the returned ε: cheaper, slightly pessimistic.
+
+    `max_refinements` (calibration's searches) stops the same sequence of
+    grids after that many refinements. Each grid's ε is an upper bound, and
+    the full refinement (what `epsilon_from_event` returns) only lowers the
+    minimum, so the truncated value is always >= the full one.
     """
     interval = _pld_start_interval(event, delta)
     best = _pld_epsilon(event, delta, interval)
     coarse = interval
+    refinements = 0
     while math.isfinite(best) and interval > _PLD_MIN_INTERVAL * 1.0001:
+        if max_refinements is not None and refinements >= max_refinements:
+            break
+        refinements += 1
         previous = interval
         interval = max(interval / _PLD_REFINE, _PLD_MIN_INTERVAL)
         eps = _pld_epsilon(event, delta, interval)

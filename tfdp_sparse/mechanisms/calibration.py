@@ -9,7 +9,7 @@ steps), and :func:`tfdp_sparse.accounting.calibrate_sigma` finds the smallest
 Example::
 
     privacy = PrivacyConfig(algorithm="lazydp", target_epsilon=1.0, l2_norm_clip=1.0, delta=1e-6)
-    calibrate(privacy, q=256 / 60_000, steps=1_000, delta=1e-6).noise_multiplier   # 0.9486
+    calibrate(privacy, q=256 / 60_000, steps=1_000, delta=1e-6).noise_multiplier   # 0.9489
 """
 
 from __future__ import annotations

@@ -112,8 +112,8 @@ class Sizes:
                     f"{self.dlrm_eval:,} test")
         if model == "retrieval":
             return ("the example's own data, model and settings (its defaults: full-catalogue softmax, DP-SGD, "
-                    "learning rate 1, width 32); its non-private reference is its own (the same model, Adam, "
-                    "5 epochs, no clipping or noise), run once per seed")
+                    "see examples/private_retrieval.py); its non-private reference is its own (the same model, "
+                    "Adam, no clipping or noise), run once per seed")
         unit = f", user level k={self.de_k}" if model.endswith("user") else ""
         return (f"synthetic MovieLens-like, {self.de_users:,} users (80% train), {self.de_movies:,} movies "
                 f"(chance recall@10 = {10 / self.de_movies:.3f}), {self.de_examples:,} train examples{unit}")
@@ -446,8 +446,9 @@ def write_markdown(rows: list, refs: list, path: str, total_seconds: float, seed
                 f"{_clipped_cell(clipped, model, r['planner_batch_size'], r['planner_steps'])} | "
                 f"{np.mean([g['seconds'] for g in group]):.0f} |")
         if model == "dual_encoder_user":
-            lines += ["", "The reference is the example-level SGD run (the trainer refuses SGD at the user level: "
-                      "`user-level clipping needs a clip_norm`), at the example-level planner's B and T."]
+            lines += ["", "The reference is the example-level SGD run at the example-level planner's B and T (when "
+                      "these runs were made, SGD at the user level was refused: `user-level clipping needs a "
+                      "clip_norm`; fixed since, commit 445f3f8)."]
         lines.append("")
     ref_secs = sum(r["seconds"] for r in refs)
     lines += [f"Non-private reference runs: {len(refs)}, {ref_secs:.0f} s in all; private runs: {len(rows)}, "

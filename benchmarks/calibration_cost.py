@@ -89,17 +89,25 @@ class Setting:
 
     def event_of(self) -> EventOf:
         """σ -> the run's event, composed as ``tfdp_sparse.mechanisms.calibration.calibrate`` does."""
-        q, steps, release = self.q, self.steps, self.release
+        return run_event(self.q, self.steps, self.release)
 
-        def run(sigma: float) -> dp_accounting.DpEvent:
-            step = dp_accounting.GaussianDpEvent(sigma)
-            if q < 1.0:
-                step = dp_accounting.PoissonSampledDpEvent(q, step)
-            one_off = [] if release is None else [
-                dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(release), 1)]
-            return dp_accounting.ComposedDpEvent(one_off + [dp_accounting.SelfComposedDpEvent(step, steps)])
 
-        return run
+def run_event(q: float, steps: int, release: Optional[float] = None) -> EventOf:
+    """σ -> ``steps`` Poisson-subsampled Gaussian steps at rate ``q`` after an optional one-off Gaussian release.
+
+    Composed as ``tfdp_sparse.mechanisms.calibration.calibrate`` composes a run. Example:
+    ``run_event(0.01, 1000)(1.0)`` is ``Composed([SelfComposed(PoissonSampled(0.01, Gaussian(1.0)), 1000)])``.
+    """
+
+    def run(sigma: float) -> dp_accounting.DpEvent:
+        step = dp_accounting.GaussianDpEvent(sigma)
+        if q < 1.0:
+            step = dp_accounting.PoissonSampledDpEvent(q, step)
+        one_off = [] if release is None else [
+            dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(release), 1)]
+        return dp_accounting.ComposedDpEvent(one_off + [dp_accounting.SelfComposedDpEvent(step, steps)])
+
+    return run
 
 
 SETTINGS = {

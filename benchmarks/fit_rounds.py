@@ -117,3 +117,10 @@ def settings_main(parse: Callable[[Optional[Sequence[str]]], tuple], run: Callab
         return 2
     run(settings, output=output)
     return 0
+
+
+def check_configs(configs: Sequence[str], known: Sequence[str], floor: str) -> None:
+    """Refuses configurations that are not distinct names of ``known`` including the ``floor`` of the ratios."""
+    if floor not in configs or len(set(configs)) != len(configs) or set(configs) - set(known):
+        raise ValueError(f"configs={list(configs)} must be distinct names from {list(known)} including "
+                         f"{floor!r} (the floor of the ratios)")

@@ -58,7 +58,8 @@ from typing import Optional, Sequence, TextIO  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks.fit_rounds import StepTimer, Trainer, alternate, emit, settings_main, timing_fields  # noqa: E402
+from benchmarks.fit_rounds import (  # noqa: E402
+    StepTimer, Trainer, alternate, check_configs, emit, settings_main, timing_fields)
 from tfdp_sparse.config import PrivacyConfig  # noqa: E402
 from tfdp_sparse.data import synthetic  # noqa: E402
 from tfdp_sparse.keras import make_private  # noqa: E402
@@ -105,10 +106,7 @@ class Settings:
                                    check_repeats=2, hidden=8)
 
     def validate(self) -> "Settings":
-        unknown = [c for c in self.configs if c not in CONFIGS]
-        if unknown or FLOOR not in self.configs or len(set(self.configs)) != len(self.configs):
-            raise ValueError(f"configs={list(self.configs)} must be distinct names from {list(CONFIGS)} including "
-                             f"{FLOOR!r} (the floor of the ratios)")
+        check_configs(self.configs, CONFIGS, FLOOR)
         if self.steps <= self.skip or self.rounds < 1 or self.batch > self.num_examples:
             raise ValueError(f"need steps > skip, rounds >= 1, batch <= num_examples; got steps={self.steps}, "
                              f"skip={self.skip}, rounds={self.rounds}, batch={self.batch}, "

@@ -47,7 +47,8 @@ from typing import Optional, Sequence, TextIO  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks.fit_rounds import StepTimer, Trainer, alternate, emit, settings_main, timing_fields  # noqa: E402
+from benchmarks.fit_rounds import (  # noqa: E402
+    StepTimer, Trainer, alternate, check_configs, emit, settings_main, timing_fields)
 from tfdp_sparse.clipping import generic, keras_layers  # noqa: E402
 from tfdp_sparse.clipping.registry import LayerRegistry  # noqa: E402
 from tfdp_sparse.config import PrivacyConfig  # noqa: E402
@@ -88,9 +89,7 @@ class Settings:
                                    fallback_steps=3, skip=1, rounds=1)
 
     def validate(self) -> "Settings":
-        if FLOOR not in self.configs or len(set(self.configs)) != len(self.configs) or set(self.configs) - set(CONFIGS):
-            raise ValueError(f"configs={list(self.configs)} must be distinct names from {list(CONFIGS)} including "
-                             f"{FLOOR!r} (the floor of the ratios)")
+        check_configs(self.configs, CONFIGS, FLOOR)
         if self.cell not in CELLS:
             raise ValueError(f"cell={self.cell!r} must be one of {list(CELLS)}")
         if min(self.steps, self.fallback_steps) <= self.skip or self.rounds < 1 or self.batch > self.num_examples:

@@ -30,20 +30,7 @@ from tfdp_sparse.accounting import calibration as cal
 from tfdp_sparse.accounting import epsilon as eps_mod
 from tfdp_sparse.accounting import pld_memo
 from tfdp_sparse.accounting.memo import ACCOUNTANT_MEMO
-
-
-def run_event(q: float, steps: int, release: float | None = None):
-    """σ -> the run's event as `mechanisms.calibration.calibrate` composes it (optional one-off Gaussian release)."""
-
-    def event(sigma: float) -> dp_accounting.DpEvent:
-        step = dp_accounting.GaussianDpEvent(sigma)
-        if q < 1.0:
-            step = dp_accounting.PoissonSampledDpEvent(q, step)
-        one_off = [] if release is None else [
-            dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(release), 1)]
-        return dp_accounting.ComposedDpEvent(one_off + [dp_accounting.SelfComposedDpEvent(step, steps)])
-
-    return event
+from benchmarks.calibration_cost import run_event
 
 
 # name: (q, steps, delta, target epsilon, release σ or None), then the reference σ: the smallest σ, by

@@ -38,3 +38,21 @@ def test_trainer_with_jit_and_static_batch_equals_fit_and_charges_alike(algorith
                                                           + slots, rel=1e-9)
     for a, b in zip(trained.get_weights(), fitted.model.get_weights()):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("algorithm", ["lazydp", "dpsgd"])
+def test_the_dual_encoder_trainer_compiles_on_fixed_shapes(algorithm):
+    """Both trainers take --jit_compile and --static_batch (trainers/common_flags.define_compile_flags)."""
+    from absl import flags
+
+    from trainers import train_dual_encoder as tde
+
+    fv = flags.FlagValues()
+    tde.define_flags(fv)
+    fv(["td", f"--algorithm={algorithm}", "--noise_multiplier=1", "--steps=4", "--batch_size=32",
+        "--num_users=200", "--num_movies=100", "--num_examples=400", "--num_eval_examples=100",
+        "--jit_compile", "--static_batch", "--log_every=1000"])
+    run = tde.run_from_flags(fv)
+    assert run.loop.performance.jit_compile and run.loop.performance.static_batch
+    metrics = tde.train_and_evaluate(run)
+    assert metrics["steps"] == 4 and 0.0 <= metrics["recall@10"] <= 1.0

@@ -108,6 +108,17 @@ def privacy_unit_from_flags(fv: flags.FlagValues) -> PrivacyUnitConfig:
     return PrivacyUnitConfig.user(fv.max_examples_per_user, fv.user_clipping)
 
 
+def define_compile_flags(flag_values: flags.FlagValues) -> None:
+    """``--jit_compile`` and ``--static_batch``: how the step compiles (speed only, both trainers)."""
+    fv = {"flag_values": flag_values}
+    flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; every mechanism; with "
+                         "--static_batch it compiles once, and adafest needs --static_batch: its compiled false "
+                         "positives use fixed slots whose rare overflow that setup charges to delta)", **fv)
+    flags.DEFINE_boolean("static_batch", False, "pad every Poisson batch to one fixed size, so a compiled step "
+                         "(--jit_compile) compiles once; the rare truncation of a larger draw is charged to delta "
+                         "(at most 1e-3 of it)", **fv)
+
+
 def define_optimizer_flags(flag_values: flags.FlagValues, learning_rate: float) -> None:
     """``--learning_rate`` (tables), ``--dense_optimizer``, ``--dense_learning_rate``, ``--table_optimizer``,
     ``--table_learning_rate``."""

@@ -147,6 +147,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     common_flags.define_tensorboard_flag(flag_values)
     common_flags.define_training_metrics_flag(flag_values)
     common_flags.define_keras_stack_flag(flag_values)
+    common_flags.define_compile_flags(flag_values)
     # The shared flags are defined in common_flags: make them key flags of this trainer, so --help shows them.
     flags.adopt_module_key_flags(common_flags, flag_values)
     flags.DEFINE_string("cluster", "", cluster_lib.FLAG_HELP, **fv)
@@ -424,7 +425,9 @@ def run_from_flags(fv: flags.FlagValues = FLAGS) -> DualEncoderRun:
         dense_optimizer=fv.dense_optimizer, dense_learning_rate=fv.dense_learning_rate,
         table_optimizer=fv.table_optimizer, table_learning_rate=fv.table_learning_rate,
         calibrate_noise=fv.noise_multiplier is None, tensorboard_dir=fv.tensorboard_dir,
-        training_metrics=fv.training_metrics, performance=loop_lib.PerformanceFlags(embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend)),
+        training_metrics=fv.training_metrics, performance=loop_lib.PerformanceFlags(
+            embedding_backend=EmbeddingBackend.from_flag(fv.embedding_backend), jit_compile=fv.jit_compile,
+            static_batch=fv.static_batch),
     )
     data = DataConfig(
         source=fv.data, movies=fv.movies, max_bad_fraction=fv.max_bad_fraction, num_users=fv.num_users,

@@ -142,14 +142,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     common_flags.define_tensorboard_flag(flag_values)
     common_flags.define_training_metrics_flag(flag_values)
     common_flags.define_keras_stack_flag(flag_values)
+    common_flags.define_compile_flags(flag_values)
     # The shared flags are defined in common_flags: make them key flags of this trainer, so --help shows them.
     flags.adopt_module_key_flags(common_flags, flag_values)
-    flags.DEFINE_boolean("jit_compile", False, "compile the step with XLA (speed only; every mechanism; with "
-                         "--static_batch it compiles once, and adafest needs --static_batch: its compiled false "
-                         "positives use fixed slots whose rare overflow that setup charges to delta)", **fv)
-    flags.DEFINE_boolean("static_batch", False, "pad every Poisson batch to one fixed size, so a compiled step "
-                         "(--jit_compile) compiles once; the rare truncation of a larger draw is charged to delta "
-                         "(at most 1e-3 of it)", **fv)
     flags.DEFINE_boolean("predraw_dense_noise", False, "draw the dense layers' noise at the start of each step, "
                          "from the same secret generator, so it overlaps the forward/backward pass (speed only)", **fv)
     flags.DEFINE_boolean("compare_dpsgd_step", False, "also time dense DP-SGD steps on this model and print the "

@@ -25,6 +25,24 @@ def in_xla_context() -> bool:
     return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
+def run_starts(ordered: tf.Tensor) -> tf.Tensor:
+    """True where a sorted vector starts a run of equal values (its first entry always; an empty vector: empty).
+
+    Example: ``[3, 3, 5, 7, 7]`` -> ``[True, False, True, True, False]``.
+    """
+    return ordered != tf.concat([ordered[:1] - 1, ordered[:-1]], axis=0)
+
+
+def fill_empty(ids: tf.Tensor, filled: tf.Tensor, none: int = 0) -> tf.Tensor:
+    """``ids`` with each slot not ``filled`` pointing at the first filled id (``none`` when no slot is filled).
+
+    A fixed-shape slot vector keeps its writes unchanged this way: an empty slot repeats a written row
+    with a zero value. Example: ids ``[3, -1, 5]``, filled ``[False, False, True]`` -> ``[5, 5, 5]``.
+    """
+    head = tf.gather(ids, tf.argmax(tf.cast(filled, tf.int32), output_type=tf.int32))
+    return tf.where(filled, ids, tf.where(tf.reduce_any(filled), head, tf.constant(none, ids.dtype)))
+
+
 def keep_valid(valid: tf.Tensor, ids: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """``(ids, values)`` of the entries where ``valid``, in a form every later ``tf.unique`` handles.
 
@@ -44,10 +62,8 @@ def keep_valid(valid: tf.Tensor, ids: tf.Tensor, values: tf.Tensor) -> tuple[tf.
     rank = valid.shape.rank  # leading dimensions flattened, as boolean_mask does
     valid, ids = tf.reshape(valid, [-1]), tf.reshape(ids, [-1])
     values = tf.reshape(values, tf.concat([[-1], tf.shape(values)[rank:]], axis=0))
-    first = tf.argmax(tf.cast(valid, tf.int32), output_type=tf.int32)
-    filler = tf.where(tf.reduce_any(valid), tf.gather(ids, first), tf.constant(-1, ids.dtype))
     mask = tf.reshape(valid, tf.concat([tf.shape(valid), tf.ones([tf.rank(values) - 1], tf.int32)], axis=0))
-    return tf.where(valid, ids, filler), tf.where(mask, values, tf.zeros_like(values))
+    return fill_empty(ids, valid, none=-1), tf.where(mask, values, tf.zeros_like(values))
 
 
 def unique_ids(ids: tf.Tensor, valid: tf.Tensor | None = None) -> tf.Tensor:
@@ -68,5 +84,5 @@ def unique_ids(ids: tf.Tensor, valid: tf.Tensor | None = None) -> tf.Tensor:
         return tf.unique(tf.boolean_mask(flat, valid))[0]
     empty = tf.constant(np.iinfo(flat.dtype.as_numpy_dtype).max, flat.dtype)
     ordered = tf.sort(tf.where(valid, flat, empty))
-    first = tf.concat([tf.ones([1], tf.bool), ordered[1:] != ordered[:-1]], axis=0) & (ordered != empty)
+    first = run_starts(ordered) & (ordered != empty)
     return tf.where(first, ordered, tf.constant(-1, flat.dtype))

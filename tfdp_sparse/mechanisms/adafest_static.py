@@ -32,14 +32,14 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.selection.false_positive_slots import sample_false_positive_slots_tf
+from tfdp_sparse.xla import fill_empty, run_starts
 
 _EMPTY = np.iinfo(np.int64).max  # sorts after every id
 
 
 def _first_of_runs(ordered: tf.Tensor) -> tf.Tensor:
     """True where a sorted vector's value differs from the previous one (and is not ``_EMPTY``)."""
-    new = tf.concat([tf.ones([1], tf.bool), ordered[1:] != ordered[:-1]], axis=0)
-    return new & (ordered != _EMPTY)
+    return run_starts(ordered) & (ordered != _EMPTY)
 
 
 def distinct_lookup_slots(ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -68,7 +68,7 @@ def bucket_count_slots(example: tf.Tensor, bucket: tf.Tensor, weights: tf.Tensor
     order = tf.argsort(key)
     ordered, owners = tf.gather(key, order), tf.gather(example, order)
     head = _first_of_runs(ordered)
-    run = tf.cumsum(tf.cast(tf.concat([tf.ones([1], tf.bool), ordered[1:] != ordered[:-1]], 0), tf.int32)) - 1
+    run = tf.cumsum(tf.cast(run_starts(ordered), tf.int32)) - 1
     weight = tf.where(ordered != _EMPTY, tf.gather(weights, owners), 0.0)
     total = tf.math.unsorted_segment_sum(weight, run, tf.size(ordered))
     return tf.where(head, ordered, -1), tf.where(head, tf.gather(total, run), 0.0)
@@ -114,7 +114,6 @@ def noised_gradient_slots(noise, grad: Optional[tf.IndexedSlices], var: tf.Varia
     signal = tf.concat([_rows_at_slots(grad, kept_true, width),
                         tf.zeros(tf.stack([tf.size(false_positives), width]), tf.float32)], axis=0)
     values = tf.where(filled[:, tf.newaxis], signal + noise(tf.stack([tf.size(ids), width]), stddev), 0.0)
-    first = tf.gather(ids, tf.argmax(tf.cast(filled, tf.int32), output_type=tf.int32))
-    ids = tf.where(filled, ids, tf.where(tf.reduce_any(filled), first, tf.zeros_like(first)))
+    ids = fill_empty(ids, filled)
     out = tf.IndexedSlices(values, ids, tf.constant(var.shape.as_list(), tf.int64))
     return out, tf.math.count_nonzero(filled, dtype=tf.int64) * width

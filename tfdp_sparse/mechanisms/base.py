@@ -65,7 +65,7 @@ from tfdp_sparse.mechanisms.dense_noise import DenseNoiseBlocks
 from tfdp_sparse.mechanisms.plans.base import Plan
 from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.noise_source import NoiseSource
-from tfdp_sparse.xla import in_xla_context
+from tfdp_sparse.xla import fill_empty, in_xla_context, run_starts
 
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
 #: What a rule's ``noise`` argument may be: ``None`` (OS entropy), a seed (reproducible, not private), a NoiseSource.
@@ -178,15 +178,13 @@ def sum_duplicate_slots(slices: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor,
     ids = tf.cast(slices.indices, tf.int64)
     order = tf.argsort(ids)
     ordered, values = tf.gather(ids, order), tf.gather(slices.values, order)
-    first = ordered != tf.concat([ordered[:1] - 1, ordered[:-1]], axis=0)
+    first = run_starts(ordered)
     run = tf.cumsum(tf.cast(first, tf.int32)) - 1
     sums = tf.math.unsorted_segment_sum(values, run, tf.shape(ordered)[0])
     filled = first & (ordered >= 0)
     mask = tf.reshape(filled, tf.concat([tf.shape(filled), tf.ones([tf.rank(values) - 1], tf.int32)], axis=0))
     summed = tf.where(mask, tf.gather(sums, run), tf.zeros_like(values))
-    head = tf.gather(ordered, tf.argmax(tf.cast(filled, tf.int32), output_type=tf.int32))
-    filler = tf.where(tf.reduce_any(filled), head, tf.zeros_like(head))
-    return tf.where(filled, ordered, filler), summed, filled
+    return fill_empty(ordered, filled), summed, filled
 
 
 def sum_rows_at(grad: Optional[tf.IndexedSlices], sorted_ids: tf.Tensor, width: int) -> tf.Tensor:

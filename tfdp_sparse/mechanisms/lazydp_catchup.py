@@ -30,7 +30,7 @@ from tfdp_sparse.distribute.shards import is_sharded, split_ids
 from tfdp_sparse.mechanisms.lazydp_replicas import replica_catch_up_needed
 from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, history_rows, owed_std
 from tfdp_sparse.mechanisms.tables import variable_key
-from tfdp_sparse.xla import in_xla_context
+from tfdp_sparse.xla import fill_empty, in_xla_context
 
 try:  # private, stable across TF 2.x: tells SavedModel tracing apart from training
     from tensorflow.python.saved_model import save_context as _save_context
@@ -283,8 +283,7 @@ class LazyCatchUp:
                         "data-dependent number of steps")
         valid = slots >= 0
         any_valid = tf.reduce_any(valid)
-        first = tf.gather(slots, tf.argmax(tf.cast(valid, tf.int32), output_type=tf.int32))
-        ids = tf.where(valid, slots, tf.where(any_valid, first, tf.zeros_like(first)))
+        ids = fill_empty(slots, valid)
         last = history_rows(history, ids)
         owes = valid & self._owes(last, k)
         noise = self._deferred_noise(last, k, tf.stack([tf.size(ids), width]), self._scale())

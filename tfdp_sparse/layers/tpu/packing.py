@@ -23,7 +23,7 @@ from typing import Optional, Union
 
 import tensorflow as tf
 
-from tfdp_sparse.xla import in_xla_context
+from tfdp_sparse.xla import in_xla_context, run_starts
 
 Rows = Union[tf.IndexedSlices, tf.Tensor, None]
 
@@ -90,7 +90,7 @@ def pack_rows_static(rows: Rows, num_slots: int, width: int,
         values = tf.concat([values, tf.cast(extra[1], tf.float32)], axis=0)
     order = tf.argsort(ids)
     ordered, values = tf.gather(ids, order), tf.gather(tf.reshape(values, [-1, width]), order)
-    first = ordered != tf.concat([tf.constant([-2], tf.int64), ordered[:-1]], axis=0)  # ids are >= 0
+    first = run_starts(ordered)
     run = tf.cumsum(tf.cast(first, tf.int32)) - 1
     slot = tf.minimum(run, num_slots)  # slot K: the discarded segment
     packed = tf.math.unsorted_segment_sum(values, slot, num_slots + 1)[:num_slots]

@@ -48,6 +48,7 @@ from tfdp_sparse.layers.tpu.config import READ_SUFFIX, UPDATE_SUFFIX, Combiner, 
 from tfdp_sparse.layers.tpu.model_split import ModelSplit
 from tfdp_sparse.step.losses import record_losses
 from tfdp_sparse.step.update import PrivateUpdate, noised_update
+from tfdp_sparse.xla import run_starts
 
 Features = Mapping[str, tf.Tensor]
 
@@ -236,8 +237,7 @@ class TPUPrivateStep:
 
 def _distinct(ids: tf.Tensor) -> tf.Tensor:
     """The number of distinct values of ``ids`` (int32), at static shapes (sort, then count the changes)."""
-    ordered = tf.sort(ids)
-    return tf.reduce_sum(tf.cast(ordered[1:] != ordered[:-1], tf.int32)) + tf.minimum(tf.size(ids), 1)
+    return tf.reduce_sum(tf.cast(run_starts(tf.sort(ids)), tf.int32))
 
 
 def _padding_dropped(ids: list, example_mask: Optional[tf.Tensor]) -> list:

@@ -27,7 +27,8 @@ import scipy.stats
 import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
-from tfdp_sparse.data.sampling import ArrayGather, StaticPoissonSampler, static_batch_dataset
+from tfdp_sparse.data.sampling import ArrayGather
+from tfdp_sparse.data.static_batches import StaticPoissonSampler, static_batch_dataset
 from tfdp_sparse.keras import make_private
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.noise_source import NoiseSource

@@ -19,8 +19,8 @@ from tfdp_sparse.accounting.epsilon import epsilon_from_event
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.accounting.truncation import (
     StaticBatchPlan, delta_share, epsilon_with_truncation, static_batch_size, truncation_probability)
-from tfdp_sparse.data.sampling import (
-    POISSON_STREAM, SHUFFLE_STREAM, TRUNCATION_STREAM, PoissonSampler, StaticPoissonSampler, pad_to_static)
+from tfdp_sparse.data.sampling import POISSON_STREAM, SHUFFLE_STREAM, PoissonSampler
+from tfdp_sparse.data.static_batches import TRUNCATION_STREAM, StaticPoissonSampler, pad_to_static
 from tfdp_sparse.data.user_sampling import USER_POISSON_STREAM
 from tfdp_sparse.noise_source import NoiseSource
 

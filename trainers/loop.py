@@ -66,7 +66,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
-from tfdp_sparse.data.sampling import BatchSampler, StaticPoissonSampler
+from tfdp_sparse.data.sampling import BatchSampler
+from tfdp_sparse.data.static_batches import StaticPoissonSampler
 from tfdp_sparse.data.user_sampling import with_padding_users
 from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.keras.private_setup import prepare_private

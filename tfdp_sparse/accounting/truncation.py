@@ -1,7 +1,7 @@
 """Fixed-size Poisson batches: the δ that truncation at a static size ``P`` costs.
 
 Poisson-sampled batches have a random size, but accelerators want one shape.
-:class:`tfdp_sparse.data.sampling.StaticPoissonSampler` pads each Poisson
+:class:`tfdp_sparse.data.static_batches.StaticPoissonSampler` pads each Poisson
 batch to ``P`` slots (masked padding) and, when a draw holds more than ``P``
 examples, keeps a uniformly random ``P`` of them. This module accounts for
 that truncation.

@@ -256,7 +256,7 @@ def padding_users(user_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def with_padding_users(batch: tuple, mask: np.ndarray) -> tuple:
     """A fixed-shape ``(x, y, user ids)`` batch with each padded slot a user of its own (:func:`padding_users`).
 
-    The ``finish`` hook of :func:`~tfdp_sparse.data.sampling.static_batch_dataset` at the user level.
+    The ``finish`` hook of :func:`~tfdp_sparse.data.static_batches.static_batch_dataset` at the user level.
     """
     x, y, user_ids = batch
     return x, y, padding_users(user_ids, mask)

@@ -23,6 +23,7 @@ import tensorflow as tf
 from tfdp_sparse import accounting
 from tfdp_sparse.accounting.step_accounting import StepAccounting  # noqa: F401 (re-exported)
 from tfdp_sparse.data import sampling
+from tfdp_sparse.data.static_batches import static_batch_dataset
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
@@ -68,7 +69,7 @@ def static_batches(sampler, gather: Callable, start: int, stop: int,
     Example: ``next(static_batches(sampler, gather, 0, 10)[1])`` is ``(0, 251, (x, y, mask))`` with ``[P, ...]``
     arrays.
     """
-    dataset = sampling.static_batch_dataset(sampler, gather, stop - start, first_step=start, finish=finish)
+    dataset = static_batch_dataset(sampler, gather, stop - start, first_step=start, finish=finish)
     (x_spec, y_spec, *users_spec), mask_spec = dataset.element_spec
 
     def steps() -> Iterator[tuple]:

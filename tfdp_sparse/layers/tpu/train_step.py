@@ -110,7 +110,7 @@ def loop_driver(step: TPUTrainStep, signature: list, batches) -> tuple[Callable,
     look-ahead; the last step gets none), and primes the first batch before
     yielding it. ``signature`` is ``[x_spec, y_spec]`` (Poisson batches: a free
     batch dimension) or ``[x_spec, y_spec, mask_spec]`` (fixed-shape batches of
-    ``P`` slots, :func:`tfdp_sparse.data.sampling.static_batch_dataset`: no
+    ``P`` slots, :func:`tfdp_sparse.data.static_batches.static_batch_dataset`: no
     free dimension, as a TPU needs); the call is then ``call(x, y, mask)``.
     """
     x_spec, y_spec, *mask_spec = signature

@@ -76,9 +76,10 @@ def _mechanism(algorithm: str):
     from tfdp_sparse.config import PrivacyConfig
     from tfdp_sparse.distribute.optimizer import ServerNoiseDPSGD
     from tfdp_sparse.mechanisms import build
+    from tfdp_sparse.mechanisms.plans.dpsgd import DPSGDPlan
 
     if algorithm == "dpsgd_server":
-        return ServerNoiseDPSGD.of(noise_multiplier=1.0, l2_norm_clip=1.0)
+        return ServerNoiseDPSGD(DPSGDPlan(noise_multiplier=1.0, l2_norm_clip=1.0))
     if algorithm == "dpsgd_worker":
         return build(PrivacyConfig(algorithm="dpsgd"))
     # DP-AdaFEST's threshold from the public rule: about FALSE_POSITIVES rows nobody looked up pass per step

@@ -162,13 +162,13 @@ def test_the_check_leaves_lazydp_exactly_as_a_flush_would():
     while its table value was rolled back, losing its noise.
     """
     from tfdp_sparse.layers import DPEmbedding
-    from tfdp_sparse.mechanisms.lazydp import LazyDP
+    from tfdp_sparse.mechanisms import LazyDP
 
     def lazy_private():
         tf.keras.utils.set_random_seed(0)
         ids = tf.keras.Input((3,), dtype=tf.int64)
         model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(DPEmbedding(VOCAB, DIM, combiner="sum")(ids)))
-        mech = LazyDP.of(1.0, 1.0, seed=5)  # reproducible noise, so the two runs can be compared
+        mech = LazyDP(1.0, 1.0, seed=5)  # reproducible noise, so the two runs can be compared
         private = make_private(model, mech, num_examples=N, batch_size=B, steps=3, learning_rate=0.5, loss=BCE,
                                noise_seed=5, accountant="rdp")
         private.compile()

@@ -23,8 +23,9 @@ import tensorflow as tf
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.mechanisms.base import Mechanism, NoisedGradients, StepGrads
 from tfdp_sparse.mechanisms.dense_noise import DenseNoiseBlocks
-from tfdp_sparse.mechanisms.dpsgd import DPSGD, noise_dense
-from tfdp_sparse.mechanisms.eana import EANA
+from tfdp_sparse.mechanisms import DPSGD, EANA
+from tfdp_sparse.mechanisms.dpsgd import DPSGDRule, noise_dense
+from tfdp_sparse.mechanisms.plans.dpsgd import DPSGDPlan
 from tfdp_sparse.noise_source import NoiseSource
 
 SIGMA, CLIP = 1.3, 0.7
@@ -46,11 +47,11 @@ def _pure_noise(mech: Mechanism, variables, predraw: bool):
     return lambda: [g.numpy() for g in step()]
 
 
-@pytest.mark.parametrize("rule", [DPSGD, EANA])
-def test_dense_only_noise_is_bit_identical_to_the_synchronous_path(rule):
+@pytest.mark.parametrize("make", [DPSGD, EANA], ids=["DPSGD", "EANA"])
+def test_dense_only_noise_is_bit_identical_to_the_synchronous_path(make):
     variables = _dense_variables()
-    sync = _pure_noise(rule.of(SIGMA, CLIP, seed=11), variables, predraw=False)
-    early = _pure_noise(rule.of(SIGMA, CLIP, seed=11), variables, predraw=True)
+    sync = _pure_noise(make(SIGMA, CLIP, seed=11), variables, predraw=False)
+    early = _pure_noise(make(SIGMA, CLIP, seed=11), variables, predraw=True)
     for _ in range(3):
         for a, b in zip(sync(), early()):
             assert a.tobytes() == b.tobytes()
@@ -71,7 +72,7 @@ def test_private_step_weights_are_bit_identical_with_and_without_predraw():
     weights = []
     for predraw in (False, True):
         model = _dense_model(seed=3)
-        opt = DPOptimizer(DPSGD.of(SIGMA, CLIP, seed=5), learning_rate=0.3, expected_batch_size=32,
+        opt = DPOptimizer(DPSGD(SIGMA, CLIP, seed=5), learning_rate=0.3, expected_batch_size=32,
                           predraw_dense_noise=predraw)
         step = PrivateStep(model, loss, opt)
         for _ in range(3):
@@ -87,7 +88,7 @@ def test_with_a_table_dense_blocks_come_first_then_the_row_noise():
     kernel = tf.Variable(tf.zeros([5, 4]), name="kernel")
     rows = tf.IndexedSlices(tf.zeros([3, 3]), tf.constant([4, 9, 4], tf.int64), tf.constant([30, 3], tf.int64))
     for predraw in (True, False):
-        out = EANA.of(SIGMA, CLIP, seed=2).privatize([rows, None], [table, kernel], [True, False], predraw_dense=predraw)
+        out = EANA(SIGMA, CLIP, seed=2).privatize([rows, None], [table, kernel], [True, False], predraw_dense=predraw)
         replica = NoiseSource.reproducible(2).tf_generator()
         if predraw:
             dense = replica.normal([5, 4], stddev=STD)
@@ -101,7 +102,7 @@ def test_with_a_table_dense_blocks_come_first_then_the_row_noise():
 
 def test_predrawn_noise_passes_ks_at_sigma_and_fails_a_third_off():
     variables = _dense_variables()
-    step = _pure_noise(DPSGD.of(SIGMA, CLIP), variables, predraw=True)  # secure generator
+    step = _pure_noise(DPSGD(SIGMA, CLIP), variables, predraw=True)  # secure generator
     samples = np.concatenate([step()[0].ravel() for _ in range(5)])  # 10,000 kernel values
     assert samples.size == 10_000
     assert scipy.stats.kstest(samples, "norm", args=(0.0, STD)).pvalue > 1e-4
@@ -111,13 +112,13 @@ def test_predrawn_noise_passes_ks_at_sigma_and_fails_a_third_off():
 
 def test_consecutive_steps_draw_new_blocks():
     variables = _dense_variables()
-    step = _pure_noise(DPSGD.of(SIGMA, CLIP), variables, predraw=True)
+    step = _pure_noise(DPSGD(SIGMA, CLIP), variables, predraw=True)
     first, second = step()[0].ravel(), step()[0].ravel()
     assert not np.any(first == second)
     assert abs(np.corrcoef(first, second)[0, 1]) < 5 / np.sqrt(first.size)
 
 
-class _AsksTwice(DPSGD):
+class _AsksTwice(DPSGDRule):
     """A rule that asks for the same dense variable's noise twice in one step."""
 
     def apply(self, step: StepGrads) -> NoisedGradients:
@@ -134,7 +135,7 @@ def test_a_block_is_handed_out_once():
     assert blocks.take(kernel, 1.0) is not None
     assert blocks.take(kernel, 1.0) is None and len(blocks) == 0
 
-    mech = _AsksTwice.of(SIGMA, CLIP, seed=4)
+    mech = _AsksTwice(DPSGDPlan(noise_multiplier=SIGMA, l2_norm_clip=CLIP), 4)   # Rule(plan, noise)
     first, second = mech.privatize([None], [kernel], [False], predraw_dense=True).grads
     replica = NoiseSource.reproducible(4).tf_generator()
     assert first.numpy().tobytes() == replica.normal([4, 3], stddev=STD).numpy().tobytes()
@@ -146,12 +147,12 @@ def test_a_block_is_handed_out_once():
 def _checkpointed_noise(tmp_path, seed):
     """``(noise before the save, the uninterrupted next step's noise, the resumed step's noise, saved shapes)``."""
     variables = _dense_variables()
-    mech = DPSGD.of(SIGMA, CLIP, seed=seed)
+    mech = DPSGD(SIGMA, CLIP, seed=seed)
     step = _pure_noise(mech, variables, predraw=True)
     before = step()[0]
     path = tf.train.Checkpoint(mechanism=mech).save(str(tmp_path / "ckpt"))
     uninterrupted = step()[0]
-    resumed_mech = DPSGD.of(SIGMA, CLIP, seed=seed)
+    resumed_mech = DPSGD(SIGMA, CLIP, seed=seed)
     tf.train.Checkpoint(mechanism=resumed_mech).restore(path).assert_existing_objects_matched()
     resumed_mech.refresh_noise()  # what RunCheckpoint.restore does
     resumed = _pure_noise(resumed_mech, variables, predraw=True)()[0]
@@ -174,9 +175,9 @@ def test_a_secure_resume_reuses_no_block(tmp_path):
 
 def test_predraw_option_is_typed():
     with pytest.raises(TypeError, match="predraw_dense_noise must be a bool"):
-        DPOptimizer(DPSGD.of(SIGMA, CLIP), 0.1, expected_batch_size=8, predraw_dense_noise="yes")
-    assert DPOptimizer(DPSGD.of(SIGMA, CLIP), 0.1, expected_batch_size=8).predraw_dense_noise is False  # not measured faster
-    opt = DPOptimizer(DPSGD.of(SIGMA, CLIP), 0.1, expected_batch_size=8, predraw_dense_noise=True)
+        DPOptimizer(DPSGD(SIGMA, CLIP), 0.1, expected_batch_size=8, predraw_dense_noise="yes")
+    assert DPOptimizer(DPSGD(SIGMA, CLIP), 0.1, expected_batch_size=8).predraw_dense_noise is False  # not measured faster
+    opt = DPOptimizer(DPSGD(SIGMA, CLIP), 0.1, expected_batch_size=8, predraw_dense_noise=True)
     assert opt.get_config()["predraw_dense_noise"] is True
 
 
@@ -185,16 +186,16 @@ def test_tables_of_dense_dpsgd_are_not_predrawn():
     table = tf.Variable(tf.zeros([30, 3]))
     blocks = DenseNoiseBlocks.draw(NoiseSource.reproducible(0).tf_generator(), [table], [True])
     assert len(blocks) == 0
-    mech = DPSGD.of(SIGMA, CLIP, seed=1)
+    mech = DPSGD(SIGMA, CLIP, seed=1)
     out = mech.privatize([None], [table], [True], predraw_dense=True).grads[0]
     replica = NoiseSource.reproducible(1).tf_generator()
     assert out.numpy().tobytes() == replica.normal([30, 3], stddev=STD).numpy().tobytes()
 
 
 def test_non_private_sgd_draws_no_blocks():
-    from tfdp_sparse.mechanisms.nonprivate import NonPrivate
+    from tfdp_sparse.mechanisms import NonPrivate
 
-    mech = NonPrivate.of(seed=0)
+    mech = NonPrivate(seed=0)
     before = mech.rng.state.numpy().copy()
     kernel = tf.Variable(tf.ones([4, 3]))
     out = mech.privatize([tf.ones([4, 3])], [kernel], [False], predraw_dense=True).grads[0]
@@ -227,7 +228,7 @@ def test_predrawn_dense_draws_wait_for_no_backward_op(predraw):
     ids = tf.keras.Input((3,), dtype=tf.int64)
     h = tf.keras.layers.Dense(16, activation="relu")(DPEmbedding(50, 4, combiner="sum")(ids))
     model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(h))
-    opt = DPOptimizer(EANA.of(SIGMA, CLIP, seed=0), 0.1, expected_batch_size=8, predraw_dense_noise=predraw)
+    opt = DPOptimizer(EANA(SIGMA, CLIP, seed=0), 0.1, expected_batch_size=8, predraw_dense_noise=predraw)
     recorder = opt.attach(model)
     loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="none")
 

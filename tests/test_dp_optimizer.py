@@ -7,8 +7,7 @@ import tensorflow as tf
 
 from tfdp_sparse.keras import DPOptimizer, PrivateStep, UnprivatizedUpdateError
 from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.mechanisms import DPSGD, NonPrivate
-from tfdp_sparse.mechanisms.eana import EANA
+from tfdp_sparse.mechanisms import DPSGD, EANA, NonPrivate
 
 
 def _model(vocab=50, dim=4, seed=0):
@@ -158,7 +157,7 @@ def test_zero_momentum_allocates_no_table_sized_slots():
     assert max(int(np.prod(v.shape)) for v in opt.variables) < 1000
 
 
-@pytest.mark.parametrize("mechanism", [DPSGD(1.0, 1.0), DPSGD(0.0, 1.0), EANA.of(1.0, 1.0)], ids=["dpsgd", "sigma0", "eana"])
+@pytest.mark.parametrize("mechanism", [DPSGD(1.0, 1.0), DPSGD(0.0, 1.0), EANA(1.0, 1.0)], ids=["dpsgd", "sigma0", "eana"])
 def test_private_mechanism_requires_expected_batch_size(mechanism):
     """Dividing by each batch's size would leak it under Poisson sampling (issue 8, item 6)."""
     with pytest.raises(ValueError, match=f"expected_batch_size for the private mechanism '{mechanism.name}'"):

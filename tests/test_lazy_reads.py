@@ -19,14 +19,14 @@ from models import pctr
 from tfdp_sparse.export import PendingNoiseError, export_saved_model
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.keras.lazy import flush_all
-from tfdp_sparse.mechanisms.lazydp import LazyDP
+from tfdp_sparse.mechanisms import LazyDP
 
 ROWS, LENGTH, BATCH, STEPS = 40, 3, 4, 3
 
 
 def _train(model, loss_fn, batches, sigma=1.0):
     """A few LazyDP steps through :class:`PrivateStep`."""
-    mech = LazyDP.of(sigma, 1.0, seed=0)
+    mech = LazyDP(sigma, 1.0, seed=0)
     mech.bind_model(model)
     opt = DPOptimizer(mech, learning_rate=0.5, expected_batch_size=BATCH)
     step = PrivateStep(model, loss_fn, opt)

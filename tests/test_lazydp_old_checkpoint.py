@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.mechanisms.lazydp import LazyDP
+from tfdp_sparse.mechanisms import LazyDP
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "lazydp_before_step_context")
 
@@ -32,7 +32,7 @@ def _restored(seed: int):
     ids = tf.keras.Input(shape=(2,), dtype=tf.int64)
     h = DPEmbedding(30, 3, combiner="sum", name="emb")(ids)
     model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="head")(h))
-    mech = LazyDP.of(1.0, 1.0, seed=seed)
+    mech = LazyDP(1.0, 1.0, seed=seed)
     mech.bind_model(model)
     opt = DPOptimizer(mech, tf.keras.optimizers.schedules.PiecewiseConstantDecay([2], [0.3, 0.1]),
                       expected_batch_size=4)

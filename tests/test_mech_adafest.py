@@ -15,9 +15,8 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.mechanisms import adafest
-from tfdp_sparse.mechanisms.adafest import AdaFEST
-from tfdp_sparse.mechanisms.adafest_plus import AdaFESTPlus, to_domain_positions
-from tfdp_sparse.mechanisms.dpfest import BucketSelection
+from tfdp_sparse.mechanisms import AdaFEST, AdaFESTPlus
+from tfdp_sparse.mechanisms.adafest_plus import to_domain_positions
 
 
 def _zero_loss(y, p):
@@ -75,7 +74,7 @@ def test_false_positive_rate_end_to_end_is_psi_tau_over_sigma1_c1():
     table = model.get_layer("emb").embeddings
     before = table.numpy().copy()
     x = np.random.default_rng(0).integers(0, 1000, size=(batch, 10))
-    mech = AdaFEST.of(sigma1=1.0, sigma2=1.0, C1=2.0, tau=4.0, l2_norm_clip=1.0, seed=2)
+    mech = AdaFEST(None, 1.0, sigma1=1.0, sigma2=1.0, C1=2.0, tau=4.0, seed=2)
     metrics = PrivateStep(model, _zero_loss, DPOptimizer(mech, 0.1, expected_batch_size=batch))(
         tf.constant(x), tf.zeros([batch])
     )
@@ -118,7 +117,7 @@ def test_zero_noise_fast_path_equals_brute_force_clipped_sums():
     expected, _ = _brute_force(model, x, y, clip)
     clipped = _ghost(model, x, y, clip)
     variables = model.trainable_variables
-    mech = AdaFEST.of(sigma1=1e-6, sigma2=0.0, C1=1.0, tau=1e-3, l2_norm_clip=clip, seed=0)
+    mech = AdaFEST(None, clip, sigma1=1e-6, sigma2=0.0, C1=1.0, tau=1e-3, seed=0)
     out = mech.privatize(clipped.grads, variables, clipped.is_table, lookups=clipped.lookups)
     rows = 0
     for g, e, v, table, ids in zip(out.grads, expected, variables, clipped.is_table, clipped.lookups):
@@ -132,8 +131,7 @@ def test_zero_noise_fast_path_equals_brute_force_clipped_sums():
     # AdaFEST+: the same, restricted to the preselected rows.
     tables = [v for v, t in zip(variables, clipped.is_table) if t]
     kept = [np.array([0, 2, 5]) for _ in tables]
-    plus = AdaFESTPlus.of(BucketSelection(None, kept_ids=kept), sigma1=1e-6, sigma2=0.0, C1=1.0, tau=1e-3,
-                       l2_norm_clip=clip, seed=0)
+    plus = AdaFESTPlus(None, clip, kept_ids=kept, sigma1=1e-6, sigma2=0.0, C1=1.0, tau=1e-3, seed=0)
     out = plus.privatize(clipped.grads, variables, clipped.is_table, lookups=clipped.lookups)
     f = 0
     for g, e, v, table in zip(out.grads, expected, variables, clipped.is_table):
@@ -172,7 +170,7 @@ def test_domain_positions():
 
 
 def test_step_event_composes_two_gaussians():
-    mech = AdaFEST.of(sigma1=2.0, sigma2=1.0, C1=1.0, tau=1.0, l2_norm_clip=1.0)
+    mech = AdaFEST(None, 1.0, sigma1=2.0, sigma2=1.0, C1=1.0, tau=1.0)
     sigma = (2.0**-2 + 1.0**-2) ** -0.5
     assert mech.step_event(0.01) == dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(sigma))
     # Two Gaussians (multipliers 2 and 1) are exactly one Gaussian of multiplier sigma.
@@ -213,7 +211,7 @@ def test_adafest_plus_accounting_adds_selection():
 def test_bad_settings(kwargs, match):
     settings = {"sigma1": 1.0, "sigma2": 1.0, "C1": 1.0, "tau": 1.0, "l2_norm_clip": 1.0, **kwargs}
     with pytest.raises(ValueError, match=match):
-        AdaFEST.of(**settings)
+        AdaFEST(None, settings.pop("l2_norm_clip"), **settings)
 
 
 def test_bad_config_and_missing_lookups():
@@ -229,7 +227,7 @@ def test_bad_config_and_missing_lookups():
     table = tf.Variable(tf.zeros([10, 2]))
     grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([3], tf.int64), tf.constant([10, 2], tf.int64))
     with pytest.raises(ValueError, match="lookups"):
-        AdaFEST.of(1.0, 1.0, 1.0, 1.0, 1.0).privatize([grad], [table], [True])
+        AdaFEST(None, 1.0, sigma1=1.0, sigma2=1.0, C1=1.0, tau=1.0).privatize([grad], [table], [True])
 
 
 def test_threshold_rule_from_false_positives():
@@ -290,7 +288,7 @@ def test_false_positives_refused_at_bind_and_at_the_step():
 def test_false_positives_per_step_match_the_rule_both_ways():
     """No row looked up: the rows kept per step are the false positives, Poisson with mean r at any V."""
     r, steps = 16.0, 60
-    mech = AdaFEST.of(sigma1=2.0, sigma2=1.0, C1=1.0, false_positives=r, l2_norm_clip=1.0, seed=1)
+    mech = AdaFEST(None, 1.0, sigma1=2.0, sigma2=1.0, C1=1.0, false_positives=r, seed=1)
     for vocab in (10**4, 10**7):
         counts = [int(mech.filter([None], [vocab])[0].false_positives.shape[0]) for _ in range(steps)]
         mean, sem = np.mean(counts), np.sqrt(r / steps)

@@ -13,7 +13,7 @@ from tfdp_sparse.accounting import PrivacyLedger, epsilon_from_event
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.mechanisms.dpfest import DPFEST
+from tfdp_sparse.mechanisms import DPFEST
 from tfdp_sparse.selection import gumbel
 
 
@@ -46,7 +46,7 @@ def _write(tmp_path, text, name="prior.csv"):
 def test_non_kept_rows_never_change_kept_rows_noised_every_step():
     model = _two_table_model()
     kept = [np.array([0, 5, 17, 150, 199]), np.array([3, 40])]
-    mech = DPFEST.of(1.0, 1.0, kept_ids=kept, seed=1)
+    mech = DPFEST(1.0, 1.0, kept_ids=kept, seed=1)
     step = PrivateStep(model, _bce, DPOptimizer(mech, learning_rate=0.1, expected_batch_size=16))
     tables = [model.get_layer("emb_a").embeddings, model.get_layer("emb_b").embeddings]
     initial = [t.numpy().copy() for t in tables]
@@ -69,7 +69,7 @@ def test_zero_noise_is_clipped_sum_restricted_to_kept_rows():
     variables = model.trainable_variables
     tables = [v for v, t in zip(variables, clipped.is_table) if t]
     kept = [np.array([1, 2, 5])[: min(3, int(v.shape[0]))] for v in tables]
-    mech = DPFEST.of(0.0, 0.05, kept_ids=kept, seed=0)
+    mech = DPFEST(0.0, 0.05, kept_ids=kept, seed=0)
     out = mech.privatize(clipped.grads, variables, clipped.is_table)
     f = 0
     for g, e, v, table in zip(out.grads, expected, variables, clipped.is_table):
@@ -109,30 +109,30 @@ def test_frequency_file_public_top_k(tmp_path):
 def test_bad_frequency_file(tmp_path, text, match):
     path = _write(tmp_path, text)
     with pytest.raises(ValueError, match=match):
-        DPFEST.of(1.0, 1.0, 2, frequency_file=path, vocab_sizes=[200, 60])
+        DPFEST(1.0, 1.0, k=2, frequency_file=path, vocab_sizes=[200, 60])
 
 
 def test_bad_settings(tmp_path):
     with pytest.raises(ValueError, match="k=500 exceeds the 200 rows.*feature 0"):
-        DPFEST.of(1.0, 1.0, kept_ids=None, k=500, selection_epsilon=1.0, vocab_sizes=[200, 60])
-    mech = DPFEST.of(1.0, 1.0, k={"emb_a": 10, "emb_b": 61}, selection_epsilon=1.0)
+        DPFEST(1.0, 1.0, kept_ids=None, k=500, selection_epsilon=1.0, vocab_sizes=[200, 60])
+    mech = DPFEST(1.0, 1.0, k={"emb_a": 10, "emb_b": 61}, selection_epsilon=1.0)
     with pytest.raises(ValueError, match="k=61 exceeds the 60 rows.*emb_b"):
         mech.bind_model(_two_table_model())
     with pytest.raises(ValueError, match="frequency_file=.*does not exist"):
-        DPFEST.of(1.0, 1.0, 2, frequency_file=str(tmp_path / "missing.csv"))
+        DPFEST(1.0, 1.0, k=2, frequency_file=str(tmp_path / "missing.csv"))
     with pytest.raises(ValueError, match="exactly one source"):
-        DPFEST.of(1.0, 1.0, 2)
+        DPFEST(1.0, 1.0, k=2)
     with pytest.raises(ValueError, match="selection_epsilon"):
-        DPFEST.of(1.0, 1.0, 2, selection_epsilon=0.0)
+        DPFEST(1.0, 1.0, k=2, selection_epsilon=0.0)
     with pytest.raises(ValueError, match="k=-1"):
-        DPFEST.of(1.0, 1.0, -1, selection_epsilon=1.0)
+        DPFEST(1.0, 1.0, k=-1, selection_epsilon=1.0)
     with pytest.raises(ValueError, match="accountant='pld'.*rdp"):
         mechanisms.build(PrivacyConfig(algorithm="dpfest", accountant="pld", extra=(("k", 3), ("selection_epsilon", 0.1))))
 
 
 def test_private_selection_picks_heavy_buckets_and_needs_select_first():
     model = _two_table_model()
-    mech = DPFEST.of(1.0, 1.0, k=3, selection_epsilon=5.0, accountant="rdp", seed=0)
+    mech = DPFEST(1.0, 1.0, k=3, selection_epsilon=5.0, accountant="rdp", seed=0)
     mech.bind_model(model)
     step = PrivateStep(model, _bce, DPOptimizer(mech, learning_rate=0.1, expected_batch_size=16))
     x, y = _two_table_batch(seed=0)
@@ -147,7 +147,7 @@ def test_private_selection_picks_heavy_buckets_and_needs_select_first():
     with pytest.raises(RuntimeError, match="twice"):
         mech.select(counts)
     with pytest.raises(ValueError, match="must be dense over the table's 200 rows"):
-        DPFEST.of(1.0, 1.0, k=3, selection_epsilon=5.0, vocab_sizes=[200, 60]).select([np.zeros(10), np.zeros(60)])
+        DPFEST(1.0, 1.0, k=3, selection_epsilon=5.0, vocab_sizes=[200, 60]).select([np.zeros(10), np.zeros(60)])
 
 
 def test_private_selection_is_statistically_noisy_with_small_epsilon():
@@ -155,8 +155,8 @@ def test_private_selection_is_statistically_noisy_with_small_epsilon():
     counts = [np.arange(100, dtype=float)]
     hits_small, hits_large = 0, 0
     for seed in range(20):
-        small = DPFEST.of(1.0, 1.0, k=5, selection_epsilon=1e-3, vocab_sizes=[100], seed=seed).select(counts)[0]
-        large = DPFEST.of(1.0, 1.0, k=5, selection_epsilon=50.0, vocab_sizes=[100], seed=seed).select(counts)[0]
+        small = DPFEST(1.0, 1.0, k=5, selection_epsilon=1e-3, vocab_sizes=[100], seed=seed).select(counts)[0]
+        large = DPFEST(1.0, 1.0, k=5, selection_epsilon=50.0, vocab_sizes=[100], seed=seed).select(counts)[0]
         hits_small += np.isin(small, np.arange(95, 100)).sum()
         hits_large += np.isin(large, np.arange(95, 100)).sum()
     assert hits_large == 100
@@ -165,7 +165,7 @@ def test_private_selection_is_statistically_noisy_with_small_epsilon():
 
 def test_selection_accounting_composes_into_rdp_ledger():
     features, k, eps0, q, steps, delta = 2, 3, 0.2, 0.01, 500, 1e-6
-    mech = DPFEST.of(1.1, 1.0, k=k, selection_epsilon=eps0, vocab_sizes=[200, 60], accountant="rdp", seed=0)
+    mech = DPFEST(1.1, 1.0, k=k, selection_epsilon=eps0, vocab_sizes=[200, 60], accountant="rdp", seed=0)
     rho = features * k * eps0**2 / 8
     assert mech.selection.selection_rho() == pytest.approx(rho)
     assert mech.required_accountant == "rdp"
@@ -197,14 +197,14 @@ def test_selection_accounting_composes_into_rdp_ledger():
 
 
 def test_public_selection_has_no_setup_cost():
-    mech = DPFEST.of(1.0, 1.0, kept_ids=[np.array([1, 2])])
+    mech = DPFEST(1.0, 1.0, kept_ids=[np.array([1, 2])])
     assert mech.setup_event() is None
     assert mech.step_event(0.01) == dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0))
 
 
 def test_bind_model_maps_features_by_layer_name_and_checkpoints_kept_ids(tmp_path):
     model = _two_table_model()
-    mech = DPFEST.of(1.0, 1.0, k={"emb_a": 4, "emb_b": 2}, selection_epsilon=50.0, feature_names=["emb_b", "emb_a"], seed=0)
+    mech = DPFEST(1.0, 1.0, k={"emb_a": 4, "emb_b": 2}, selection_epsilon=50.0, feature_names=["emb_b", "emb_a"], seed=0)
     mech.bind_model(model)
     counts_b, counts_a = np.zeros(60), np.zeros(200)
     counts_b[[7, 9]] = 100
@@ -218,7 +218,7 @@ def test_bind_model_maps_features_by_layer_name_and_checkpoints_kept_ids(tmp_pat
     np.testing.assert_array_equal(changed[1], [7, 9])
 
     path = tf.train.Checkpoint(mech=mech).save(str(tmp_path / "ckpt"))
-    fresh = DPFEST.of(1.0, 1.0, k={"emb_a": 4, "emb_b": 2}, selection_epsilon=50.0, feature_names=["emb_b", "emb_a"])
+    fresh = DPFEST(1.0, 1.0, k={"emb_a": 4, "emb_b": 2}, selection_epsilon=50.0, feature_names=["emb_b", "emb_a"])
     fresh.bind_model(model)
     assert not fresh.selection.is_selected
     tf.train.Checkpoint(mech=fresh).restore(path).assert_existing_objects_matched()

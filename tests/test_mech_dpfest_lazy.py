@@ -13,8 +13,9 @@ from tfdp_sparse.export import PendingNoiseError
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.keras.lazy import ensure_flushed, flush_all, save_model
 from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.mechanisms.dpfest import DPFEST
-from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST
+from tfdp_sparse.mechanisms import DPFEST
+from tfdp_sparse.mechanisms.dpfest import EagerDPFESTRule
+from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFESTRule
 from tfdp_sparse.mechanisms.plans.dpfest import KeptNoise
 from tfdp_sparse.optimizers.rules import TableAdagrad
 from tests.test_mech_lazydp import _replicates
@@ -48,8 +49,7 @@ def _zero_gradient_run(kept_noise: KeptNoise):
     tf.keras.utils.set_random_seed(0)
     ids = tf.keras.Input(shape=(1,), dtype=tf.int64)
     model = tf.keras.Model(ids, DPEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="emb")(ids))
-    rule = LazyDPFEST if kept_noise is KeptNoise.LAZY else DPFEST
-    mech = rule.of(SIGMA, CLIP, kept_ids=[KEPT], seed=3)
+    mech = DPFEST(SIGMA, CLIP, kept_ids=[KEPT], kept_noise=kept_noise.value, seed=3)
     mech.bind_model(model)
     step = PrivateStep(model, _zero_loss, DPOptimizer(mech, schedule, expected_batch_size=BATCH))
     table = model.get_layer("emb").embeddings
@@ -98,8 +98,8 @@ TINY_KEPT = np.array([0, 2, 3, 5])  # rows 1 and 4 are read but not kept; 5 is k
 
 
 def test_real_gradients_match_eager_dpfest_in_mean_and_variance():
-    lazy = _replicates(lambda s: LazyDPFEST.of(1.0, 1.0, kept_ids=[TINY_KEPT], seed=s), seed=11)
-    eager = _replicates(lambda s: DPFEST.of(1.0, 1.0, kept_ids=[TINY_KEPT], seed=s), seed=12)
+    lazy = _replicates(lambda s: DPFEST(1.0, 1.0, kept_ids=[TINY_KEPT], seed=s, kept_noise="lazy"), seed=11)
+    eager = _replicates(lambda s: DPFEST(1.0, 1.0, kept_ids=[TINY_KEPT], seed=s), seed=12)
     coords = lazy.shape[1]
     not_kept = [2 * r + c for r in (1, 4) for c in (0, 1)]  # table rows 1 and 4, row-major, width 2
     np.testing.assert_array_equal(lazy[:, not_kept], eager[:, not_kept])  # never trained: the initial rows
@@ -125,7 +125,7 @@ def _pooled_model(vocab, dim, seed=0):
 
 def _trained(kept=np.arange(0, 40, 2), steps=3):
     model = _pooled_model(40, 4)
-    mech = LazyDPFEST.of(1.0, 1.0, kept_ids=[kept], seed=0)
+    mech = DPFEST(1.0, 1.0, kept_ids=[kept], seed=0, kept_noise="lazy")
     mech.bind_model(model)
     step = PrivateStep(model, _bce, DPOptimizer(mech, learning_rate=0.2, expected_batch_size=4))
     rng = np.random.default_rng(0)
@@ -136,7 +136,7 @@ def _trained(kept=np.arange(0, 40, 2), steps=3):
 
 def test_step_touches_only_read_kept_rows_and_counts_them():
     model = _pooled_model(1000, 4)
-    mech = LazyDPFEST.of(1.0, 1.0, kept_ids=[np.array([3, 9, 11, 500])], seed=0)
+    mech = DPFEST(1.0, 1.0, kept_ids=[np.array([3, 9, 11, 500])], seed=0, kept_noise="lazy")
     mech.bind_model(model)
     table = model.get_layer("emb").embeddings
     before = table.numpy()
@@ -146,12 +146,12 @@ def test_step_touches_only_read_kept_rows_and_counts_them():
     np.testing.assert_array_equal(changed, [3, 9, 11])  # 7 is read but not kept; 500 is kept, not read
     assert int(metrics["embedding_values"]) == 3 * 4
     assert mech.pending_rows() == {"emb": 4}  # 500 owes step 1; 3, 9, 11 owe its noise until their next read
-    assert mech.step_event(0.01) == DPFEST.of(1.0, 1.0, kept_ids=[[3]]).step_event(0.01)
+    assert mech.step_event(0.01) == DPFEST(1.0, 1.0, kept_ids=[[3]]).step_event(0.01)
 
 
 def test_a_catch_up_draws_only_for_the_read_rows_that_owe_noise():
     model = _pooled_model(1000, 4)
-    mech = LazyDPFEST.of(1.0, 1.0, kept_ids=[np.array([3, 9, 11, 500])], seed=0)
+    mech = DPFEST(1.0, 1.0, kept_ids=[np.array([3, 9, 11, 500])], seed=0, kept_noise="lazy")
     mech.bind_model(model)
     table = model.get_layer("emb").embeddings
     step = PrivateStep(model, _bce, DPOptimizer(mech, 0.1, expected_batch_size=4))
@@ -195,12 +195,12 @@ def test_registry_knob_is_typed_and_eager_stays_the_reference():
     config = PrivacyConfig(algorithm="dpfest", noise_multiplier=1.0, l2_norm_clip=1.0,
                            extra=(("k", 2), ("kept_ids", [[1, 2]]), ("kept_noise", "lazy")))
     mech = mechanisms.build(config, seed=0)
-    assert isinstance(mech, LazyDPFEST) and mech.plan.kept_noise is KeptNoise.LAZY
+    assert isinstance(mech, LazyDPFESTRule) and mech.plan.kept_noise is KeptNoise.LAZY
     assert mech.plan.requires().defers_noise and mech.plan.requires().plain_sgd_tables
     assert mech.describe()["kept_noise"] == "lazy"
     eager = mechanisms.build(PrivacyConfig(algorithm="dpfest", noise_multiplier=1.0, l2_norm_clip=1.0,
                                            extra=(("k", 2), ("kept_ids", [[1, 2]]))), seed=0)
-    assert type(eager) is DPFEST and not eager.plan.requires().defers_noise
+    assert type(eager) is EagerDPFESTRule and not eager.plan.requires().defers_noise
     with pytest.raises(ValueError, match="kept_noise must be one of"):
         mechanisms.plan(PrivacyConfig(algorithm="dpfest", extra=(("k", 2), ("kept_ids", [[1, 2]]),
                                                                   ("kept_noise", "sometimes"))))
@@ -215,13 +215,13 @@ def test_adafest_plus_has_no_lazy_kept_noise_knob():
 
 def test_refuses_stateful_table_optimizers_momentum_and_plain_keras_tables():
     with pytest.raises(ValueError, match="TableAdagrad"):
-        DPOptimizer(LazyDPFEST.of(1.0, 1.0, kept_ids=[[1]]), 0.1, expected_batch_size=4,
+        DPOptimizer(DPFEST(1.0, 1.0, kept_ids=[[1]], kept_noise="lazy"), 0.1, expected_batch_size=4,
                     table_optimizer=TableAdagrad(0.1))
     with pytest.raises(ValueError, match="momentum"):
-        DPOptimizer(LazyDPFEST.of(1.0, 1.0, kept_ids=[[1]]), 0.1, expected_batch_size=4, momentum=0.9)
+        DPOptimizer(DPFEST(1.0, 1.0, kept_ids=[[1]], kept_noise="lazy"), 0.1, expected_batch_size=4, momentum=0.9)
     with pytest.raises(ValueError, match="expected_batch_size"):
-        DPOptimizer(LazyDPFEST.of(1.0, 1.0, kept_ids=[[1]]), 0.1)
+        DPOptimizer(DPFEST(1.0, 1.0, kept_ids=[[1]], kept_noise="lazy"), 0.1)
     ids = tf.keras.Input(shape=(1,), dtype=tf.int64)
     plain = tf.keras.Model(ids, tf.keras.layers.Flatten()(tf.keras.layers.Embedding(10, 2, name="plain")(ids)))
     with pytest.raises(ValueError, match="kept_noise=eager"):
-        LazyDPFEST.of(1.0, 1.0, kept_ids=[[1]]).bind_model(plain)
+        DPFEST(1.0, 1.0, kept_ids=[[1]], kept_noise="lazy").bind_model(plain)

@@ -10,7 +10,8 @@ from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.mechanisms.eana import EANA
+from tfdp_sparse.mechanisms import EANA
+from tfdp_sparse.mechanisms.eana import EANARule
 from tfdp_sparse.noise_source import NoiseSource
 
 
@@ -38,7 +39,7 @@ def test_unlooked_rows_bit_identical_looked_rows_and_dense_change():
     x = rng.integers(0, 40, size=(16, 5))
     x[0, 2:] = -1  # padding
     y = rng.integers(0, 2, size=(16, 1)).astype(np.float32)
-    opt = DPOptimizer(EANA.of(1.0, 1.0, seed=3), learning_rate=0.1, expected_batch_size=16)
+    opt = DPOptimizer(EANA(1.0, 1.0, seed=3), learning_rate=0.1, expected_batch_size=16)
     metrics = PrivateStep(model, _bce, opt)(tf.constant(x), tf.constant(y))
     looked = np.unique(x[x >= 0])
     changed = np.where(np.any(table.numpy() != before[0], axis=1))[0]
@@ -56,7 +57,7 @@ def test_exactly_one_noise_draw_per_unique_row():
     table = tf.Variable(tf.zeros([50, d]))
     ids = tf.constant([7, 3, 7, 7, 9, 3, 0], tf.int64)
     grad = tf.IndexedSlices(tf.zeros([7, d]), ids, tf.constant([50, d], tf.int64))
-    out = EANA.of(sigma, clip, seed=seed).privatize([grad], [table], [True])
+    out = EANA(sigma, clip, seed=seed).privatize([grad], [table], [True])
     unique = tf.unique(ids)[0].numpy()
     np.testing.assert_array_equal(out.grads[0].indices.numpy(), unique)
     expected = NoiseSource.reproducible(seed).tf_generator().normal([unique.size, d], stddev=sigma * clip).numpy()
@@ -71,7 +72,7 @@ def test_noise_std_per_row_and_dense_is_lr_sigma_c_over_b(factor, accept):
     model = _emb_dense_model(3000, 8, 200, init="zeros")
     before = [v.numpy().copy() for v in model.trainable_variables]
     x = np.random.default_rng(1).integers(0, 300, size=(batch, 20))
-    opt = DPOptimizer(EANA.of(sigma, clip, seed=5), learning_rate=lr, expected_batch_size=batch)
+    opt = DPOptimizer(EANA(sigma, clip, seed=5), learning_rate=lr, expected_batch_size=batch)
     PrivateStep(model, _zero_loss, opt)(tf.constant(x), tf.zeros([batch]))
     std = lr * sigma * clip / batch
     looked = np.unique(x)
@@ -87,7 +88,7 @@ def test_zero_noise_equals_brute_force_clipped_sums():
     x, y = _batch(seed=3)
     expected, _ = _brute_force(model, x, y, 0.05)
     clipped = _ghost(model, x, y, 0.05)
-    out = EANA.of(0.0, 0.05, seed=0).privatize(clipped.grads, model.trainable_variables, clipped.is_table)
+    out = EANA(0.0, 0.05, seed=0).privatize(clipped.grads, model.trainable_variables, clipped.is_table)
     for g, e, v, table in zip(out.grads, expected, model.trainable_variables, clipped.is_table):
         if table:
             ids = g.indices.numpy()
@@ -97,7 +98,7 @@ def test_zero_noise_equals_brute_force_clipped_sums():
 
 def test_not_private_step_event_and_reason():
     mech = mechanisms.build(PrivacyConfig(algorithm="eana", noise_multiplier=1.0), seed=0)
-    assert isinstance(mech, EANA)
+    assert isinstance(mech, EANARule)
     assert mech.step_event(0.01) is None
     assert mech.setup_event() is None
     reason = mech.not_private_reason()
@@ -108,6 +109,6 @@ def test_not_private_step_event_and_reason():
 
 def test_bad_settings():
     with pytest.raises(ValueError, match="noise_multiplier"):
-        EANA.of(-1.0, 1.0)
+        EANA(-1.0, 1.0)
     with pytest.raises(ValueError, match="l2_norm_clip"):
-        EANA.of(1.0, 0.0)
+        EANA(1.0, 0.0)

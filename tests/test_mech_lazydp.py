@@ -20,9 +20,8 @@ from tfdp_sparse.keras.lazy import (
     save_model,
 )
 from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST
-from tfdp_sparse.mechanisms.dpsgd import DPSGD
-from tfdp_sparse.mechanisms.lazydp import LazyDP
+from tfdp_sparse.mechanisms import DPFEST, DPSGD, LazyDP
+from tfdp_sparse.mechanisms.lazydp import LazyDPRule
 
 
 def _bce(y, p):
@@ -59,7 +58,7 @@ def _zero_gradient_run(aggregate: bool):
     tf.keras.utils.set_random_seed(0)
     ids = tf.keras.Input(shape=(1,), dtype=tf.int64)
     model = tf.keras.Model(ids, DPEmbedding(VOCAB, DIM, embeddings_initializer="zeros", name="emb")(ids))
-    mech = LazyDP.of(SIGMA, CLIP, seed=3, aggregate=aggregate)
+    mech = LazyDP(SIGMA, CLIP, seed=3, aggregate=aggregate)
     mech.bind_model(model)
     step = PrivateStep(model, _zero_loss, DPOptimizer(mech, schedule, expected_batch_size=BATCH))
     table = model.get_layer("emb").embeddings
@@ -133,7 +132,7 @@ def _replicates(make_mechanism, seed):
     model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="head")(h))
     init = [v.numpy() for v in model.trainable_variables]
     mech = make_mechanism(seed)
-    if isinstance(mech, LazyDP):
+    if isinstance(mech, LazyDPRule):
         mech.bind_model(model)
     schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.8, decay_steps=1, decay_rate=0.7)
     opt = DPOptimizer(mech, schedule, expected_batch_size=4)
@@ -145,14 +144,14 @@ def _replicates(make_mechanism, seed):
         for var, value in zip(model.trainable_variables, init):
             var.assign(value)
         opt.iterations.assign(0)
-        if isinstance(mech, LazyDP):
+        if isinstance(mech, LazyDPRule):
             mech.reset_state()
         for x, y in batches:
             recorder.clear()
             with tf.GradientTape() as tape:
                 loss = _bce(y, model(x, training=True))
             opt.private_step(loss, model.trainable_variables, tape)
-        if isinstance(mech, LazyDP):
+        if isinstance(mech, LazyDPRule):
             mech.flush()
         return tf.concat([tf.reshape(v, [-1]) for v in model.trainable_variables], axis=0)
 
@@ -160,8 +159,8 @@ def _replicates(make_mechanism, seed):
 
 
 def test_real_gradients_match_dense_dpsgd_in_mean_and_variance():
-    lazy = _replicates(lambda s: LazyDP.of(1.0, 1.0, seed=s), seed=11)
-    dense = _replicates(lambda s: DPSGD.of(1.0, 1.0, seed=s), seed=12)
+    lazy = _replicates(lambda s: LazyDP(1.0, 1.0, seed=s), seed=11)
+    dense = _replicates(lambda s: DPSGD(1.0, 1.0, seed=s), seed=12)
     coords = lazy.shape[1]
     assert coords == 6 * 2 + 2 + 1
     alpha = 0.01 / (2 * coords)  # Bonferroni over means and variances of every coordinate
@@ -184,7 +183,7 @@ def test_real_gradients_match_dense_dpsgd_in_mean_and_variance():
 
 def _trained(vocab=40, dim=4, steps=3, seed=0, sigma=1.0):
     model = _pooled_model(vocab, dim, seed=seed)
-    mech = LazyDP.of(sigma, 1.0, seed=seed)
+    mech = LazyDP(sigma, 1.0, seed=seed)
     mech.bind_model(model)
     opt = DPOptimizer(mech, learning_rate=0.2, expected_batch_size=4)
     step = PrivateStep(model, _bce, opt)
@@ -245,7 +244,7 @@ def test_keras_save_guard(tmp_path):
 def test_fit_with_callbacks_ends_flushed_and_checkpoints_see_flushed_rows(tmp_path):
     """make_private's fit (the compile path is refused for LazyDP): callbacks and checkpoints see caught-up rows."""
     model = _pooled_model(50, 4)
-    mech = LazyDP.of(1.0, 1.0, seed=0)
+    mech = LazyDP(1.0, 1.0, seed=0)
     private = make_private(model, mech, num_examples=40, batch_size=8, epochs=1, learning_rate=0.1,
                            loss=tf.keras.losses.BinaryCrossentropy(from_logits=True), accountant="rdp")
     private.compile()
@@ -274,8 +273,9 @@ def test_fit_with_callbacks_ends_flushed_and_checkpoints_see_flushed_rows(tmp_pa
     assert not mech.has_pending()
 
 
-@pytest.mark.parametrize("make", [lambda seed: LazyDP.of(1.0, 1.0, seed=seed),
-                                  lambda seed: LazyDPFEST.of(1.0, 1.0, kept_ids=[np.arange(1, 30, 3)], seed=seed)],
+@pytest.mark.parametrize("make", [lambda seed: LazyDP(1.0, 1.0, seed=seed),
+                                  lambda seed: DPFEST(1.0, 1.0, kept_ids=[np.arange(1, 30, 3)], kept_noise="lazy",
+                                                     seed=seed)],
                          ids=["lazydp", "dpfest_lazy"])
 def test_checkpoint_restore_continues_exactly(tmp_path, make):
     rng = np.random.default_rng(5)
@@ -321,7 +321,7 @@ def test_checkpoint_restore_continues_exactly(tmp_path, make):
 
 def test_step_touches_only_read_rows_and_counts_them():
     model = _pooled_model(1000, 4)
-    mech = LazyDP.of(1.0, 1.0, seed=0)
+    mech = LazyDP(1.0, 1.0, seed=0)
     mech.bind_model(model)
     table = model.get_layer("emb").embeddings
     before = table.numpy()
@@ -331,7 +331,7 @@ def test_step_touches_only_read_rows_and_counts_them():
     changed = np.where(np.any(table.numpy() != before, axis=1))[0]
     np.testing.assert_array_equal(changed, [3, 7, 9, 11])
     assert int(metrics["embedding_values"]) == 4 * 4
-    assert mech.step_event(0.01) == DPSGD.of(1.0, 1.0).step_event(0.01)
+    assert mech.step_event(0.01) == DPSGD(1.0, 1.0).step_event(0.01)
     assert mech.not_private_reason() is None
 
 
@@ -345,8 +345,8 @@ def test_keras_embedding_refused_or_dense_fallback():
     ])
     model = tf.keras.Model([a, b], tf.keras.layers.Dense(1)(h))
     with pytest.raises(ValueError, match="dense_fallback"):
-        LazyDP.of(1.0, 1.0).bind_model(model)
-    mech = LazyDP.of(1.0, 1.0, seed=0, dense_fallback=True)
+        LazyDP(1.0, 1.0).bind_model(model)
+    mech = LazyDP(1.0, 1.0, seed=0, dense_fallback=True)
     mech.bind_model(model)
     lazy, plain = model.get_layer("lazy").embeddings, model.get_layer("plain").embeddings
     lazy0, plain0 = lazy.numpy(), plain.numpy()
@@ -360,13 +360,13 @@ def test_keras_embedding_refused_or_dense_fallback():
 
 def test_memory_report_ratio():
     model = _pooled_model(5000, 64)
-    mech = LazyDP.of(1.0, 1.0)
+    mech = LazyDP(1.0, 1.0)
     mech.bind_model(model)
     report = mech.memory_report()
     assert report["history_ratio"] == 1 / 64 and report["history_ratio"] <= 0.02
     assert report["history_bytes"] == 5000 * 4 and report["history_dtype"] == "int32"
     narrow = _pooled_model(5000, 16)
-    mech16 = LazyDP.of(1.0, 1.0)
+    mech16 = LazyDP(1.0, 1.0)
     mech16.bind_model(narrow)
     assert mech16.memory_report()["history_ratio"] == 1 / 16  # int32 vs float32: 1/d
 
@@ -374,11 +374,11 @@ def test_memory_report_ratio():
 def test_registry_and_knobs():
     mech = mechanisms.build(PrivacyConfig(algorithm="lazydp", noise_multiplier=0.7, l2_norm_clip=2.0,
                                           extra=(("aggregate", 0),)), seed=1)
-    assert isinstance(mech, LazyDP) and mech.aggregate is False
+    assert isinstance(mech, LazyDPRule) and mech.aggregate is False
     assert mech.describe() == {"algorithm": "lazydp", "l2_norm_clip": 2.0, "noise_multiplier": 0.7,
                                "aggregate": False, "dense_fallback": False}
     with pytest.raises(ValueError, match="aggregate"):
-        LazyDP.of(1.0, 1.0, aggregate="sometimes")
+        LazyDP(1.0, 1.0, aggregate="sometimes")
 
 
 # ----------------------------------------------------------------------------
@@ -388,27 +388,27 @@ def test_registry_and_knobs():
                                                (1.0, -2.0, "l2_norm_clip")])
 def test_bad_sigma_or_clip(sigma, clip, match):
     with pytest.raises(ValueError, match=match):
-        LazyDP.of(sigma, clip)
+        LazyDP(sigma, clip)
 
 
 def test_refuses_momentum_missing_batch_size_and_stateful_optimizers():
     with pytest.raises(ValueError, match="momentum=0.9"):
-        DPOptimizer(LazyDP.of(1.0, 1.0), 0.1, expected_batch_size=4, momentum=0.9)
+        DPOptimizer(LazyDP(1.0, 1.0), 0.1, expected_batch_size=4, momentum=0.9)
     with pytest.raises(ValueError, match="expected_batch_size"):
-        DPOptimizer(LazyDP.of(1.0, 1.0), 0.1)
+        DPOptimizer(LazyDP(1.0, 1.0), 0.1)
     with pytest.raises(TypeError, match="plain SGD"):
-        LazyDP.of(1.0, 1.0).check_optimizer(tf.keras.optimizers.Adam())
+        LazyDP(1.0, 1.0).check_optimizer(tf.keras.optimizers.Adam())
     model = _pooled_model(10, 2)
     model.compile(optimizer=tf.keras.optimizers.Adam(), loss="mse")
     with pytest.raises(ValueError, match="stateful optimizer such as Adam"):
-        LazyDP.of(1.0, 1.0).bind_model(model)
+        LazyDP(1.0, 1.0).bind_model(model)
 
 
 def test_refuses_unbound_or_unbuilt_models():
     with pytest.raises(ValueError, match="not built"):
-        LazyDP.of(1.0, 1.0).bind_model(tf.keras.Sequential([DPEmbedding(10, 2)]))
+        LazyDP(1.0, 1.0).bind_model(tf.keras.Sequential([DPEmbedding(10, 2)]))
     model = _pooled_model(10, 2)
-    mech = LazyDP.of(1.0, 1.0)
+    mech = LazyDP(1.0, 1.0)
     step = PrivateStep(model, _bce, DPOptimizer(mech, 0.1, expected_batch_size=4))
     with pytest.raises(ValueError, match="bind_model"):
         step(tf.constant([[0, 1]] * 4, tf.int64), tf.zeros([4]))
@@ -417,7 +417,7 @@ def test_refuses_unbound_or_unbuilt_models():
 def test_jit_compile_refuses_only_the_unaggregated_baseline():
     """Issue 33: LazyDP compiles (tests/test_xla_lazy.py); aggregate=False, a benchmark baseline, is refused."""
     model = _pooled_model(10, 2)
-    mech = LazyDP.of(1.0, 1.0, aggregate=False)
+    mech = LazyDP(1.0, 1.0, aggregate=False)
     mech.bind_model(model)
     step = PrivateStep(model, _bce, DPOptimizer(mech, 0.1, expected_batch_size=4), jit_compile=True)
     with pytest.raises(ValueError, match="jit_compile"):

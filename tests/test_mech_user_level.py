@@ -17,9 +17,7 @@ from tests.test_mech_adafest import _table_model, _zero_loss
 from tfdp_sparse.clipping.user_norms import UserSegments
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.mechanisms import adafest
-from tfdp_sparse.mechanisms.adafest import AdaFEST
-from tfdp_sparse.mechanisms.adafest_plus import AdaFESTPlus
-from tfdp_sparse.mechanisms.dpfest import BucketSelection
+from tfdp_sparse.mechanisms import AdaFEST, AdaFESTPlus
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 C1 = 1.0
@@ -111,14 +109,14 @@ def test_adafest_step_at_the_user_level_keeps_only_rows_looked_up():
     unit = PrivacyUnitConfig.user(3)
     # sigma1 tiny, tau = 0.8 above one user's weight C1/sqrt(2) = 0.71: every row here is looked up by one
     # user only (its examples counted once), so none passes; per example rows 1-4 count 2-3 x 0.71 and pass.
-    mech = AdaFEST.of(sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, l2_norm_clip=1.0, seed=0)
+    mech = AdaFEST(None, 1.0, sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, seed=0)
     table = model.get_layer("emb").embeddings
     before = table.numpy().copy()
     step = PrivateStep(model, lambda y, p: tf.reduce_sum(p, axis=-1), DPOptimizer(mech, 0.1, batch), unit=unit)
     step(tf.constant(x), tf.zeros([batch]), tf.constant(users))
     changed = np.where(np.any(table.numpy() != before, axis=1))[0]
     assert changed.size == 0
-    mech_ex = AdaFEST.of(sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, l2_norm_clip=1.0, seed=0)
+    mech_ex = AdaFEST(None, 1.0, sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, seed=0)
     model_ex = _table_model(vocab)
     PrivateStep(model_ex, lambda y, p: tf.reduce_sum(p, axis=-1), DPOptimizer(mech_ex, 0.1, batch))(
         tf.constant(x), tf.zeros([batch]))
@@ -143,14 +141,13 @@ def test_adafest_plus_at_the_user_level_filters_users_inside_the_kept_rows():
     unit = PrivacyUnitConfig.user(3)
 
     def plus(kept):  # sigma1 tiny, sigma2 0: the filter decides alone; tau as in the AdaFEST test above
-        return AdaFESTPlus.of(BucketSelection(None, kept_ids=[np.asarray(kept)]), sigma1=1e-6, sigma2=0.0, C1=1.0,
-                              tau=0.8, l2_norm_clip=1.0, seed=0)
+        return AdaFESTPlus(None, 1.0, kept_ids=[np.asarray(kept)], sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, seed=0)
 
     # Kept set = every row: exactly DP-AdaFEST's rows, at either unit (row 7: one example, one user, weight 1).
     every = np.arange(vocab)
     assert _changed_rows(plus(every), vocab, x, users, unit) == {7}
     assert _changed_rows(plus(every), vocab, x, None, PrivacyUnitConfig()) == {1, 2, 3, 4, 7}
-    ada = AdaFEST.of(sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, l2_norm_clip=1.0, seed=0)
+    ada = AdaFEST(None, 1.0, sigma1=1e-6, sigma2=0.0, C1=1.0, tau=0.8, seed=0)
     assert _changed_rows(ada, vocab, x, users, unit) == {7}
     # Rows outside the kept set never move; inside it each user still counts once.
     assert _changed_rows(plus([1, 2, 8, 9]), vocab, x, users, unit) == set()

@@ -284,7 +284,7 @@ def test_calibrating_builds_no_mechanism(monkeypatch):
         assert 0 < sigma < 10
     assert built == []
     mechanisms.build(PrivacyConfig(algorithm="dpsgd"))  # the counter works
-    assert built == ["DPSGD"]
+    assert built == ["DPSGDRule"]
 
 
 def test_private_selection_plan_charges_what_the_rule_charges():

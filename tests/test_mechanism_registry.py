@@ -93,11 +93,11 @@ def test_builtins_are_registered_in_one_place_and_each_rule_is_rule_of_plan_and_
 
 def test_register_refuses_duplicates_bad_references_and_the_view_is_read_only():
     with pytest.raises(ValueError, match="already registered"):
-        mechanisms.register("dpsgd", "tfdp_sparse.mechanisms.plans.dpsgd", "tfdp_sparse.mechanisms.dpsgd:DPSGD")
+        mechanisms.register("dpsgd", "tfdp_sparse.mechanisms.plans.dpsgd", "tfdp_sparse.mechanisms.dpsgd:DPSGDRule")
     with pytest.raises(ValueError, match="'module:attribute' or a callable"):
-        mechanisms.register("x", "tfdp_sparse.mechanisms.plans.dpsgd", "tfdp_sparse.mechanisms.dpsgd.DPSGD")
+        mechanisms.register("x", "tfdp_sparse.mechanisms.plans.dpsgd", "tfdp_sparse.mechanisms.dpsgd.DPSGDRule")
     with pytest.raises(TypeError, match="module or its import path"):
-        mechanisms.register("x", DPSGDPlan, "tfdp_sparse.mechanisms.dpsgd:DPSGD")
+        mechanisms.register("x", DPSGDPlan, "tfdp_sparse.mechanisms.dpsgd:DPSGDRule")
     with pytest.raises(TypeError):
         mechanisms.ALGORITHMS["x"] = "tfdp_sparse.mechanisms.plans.dpsgd"  # edit it with register
     with pytest.raises(KeyError, match="not registered"):
@@ -119,10 +119,11 @@ def test_registered_plugin_is_built_and_unregistered():
 
 
 def test_a_rule_that_drops_its_plan_is_refused():
-    from tfdp_sparse.mechanisms.dpsgd import DPSGD
+    from tfdp_sparse.mechanisms.dpsgd import DPSGDRule
 
     mechanisms.register("dropping", "tfdp_sparse.mechanisms.plans.dpsgd",
-                        lambda plan, noise: DPSGD.of(plan.noise_multiplier, plan.l2_norm_clip, noise))
+                        lambda plan, noise: DPSGDRule(DPSGDPlan(noise_multiplier=plan.noise_multiplier,
+                                                                 l2_norm_clip=plan.l2_norm_clip), noise))
     try:
         plan = DPSGDPlan(noise_multiplier=1.0, l2_norm_clip=1.0)
         object.__setattr__(plan, "name", "dropping")  # a plan under the plugin's name

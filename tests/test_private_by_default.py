@@ -275,7 +275,7 @@ def test_adafest_with_fixed_sigmas_refuses_target_epsilon():
     with pytest.raises(ValueError, match="cannot calibrate"):
         mechanisms.build(config)
     ratio = dataclasses.replace(config, extra=(("tau", 1.0), ("sigma_ratio", 2.0)))
-    assert isinstance(mechanisms.build(ratio), adafest.AdaFEST)
+    assert isinstance(mechanisms.build(ratio), adafest.AdaFESTRule)
 
 
 def test_unknown_knob_is_refused_naming_it():

@@ -15,8 +15,7 @@ import tensorflow as tf
 
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.mechanisms.dpsgd import DPSGD
-from tfdp_sparse.mechanisms.lazydp import LazyDP
+from tfdp_sparse.mechanisms import DPSGD, LazyDP
 from tfdp_sparse.mechanisms.step_context import StepContext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,19 +51,19 @@ def test_step_context_of_casts_and_refuses_bad_batch_sizes():
 
 def test_dp_optimizer_context_is_its_step_and_the_schedule_at_that_step():
     schedule = tf.keras.optimizers.schedules.PiecewiseConstantDecay(**SCHEDULE)
-    opt = DPOptimizer(DPSGD.of(1.0, 1.0, seed=0), schedule, expected_batch_size=B)
+    opt = DPOptimizer(DPSGD(1.0, 1.0, seed=0), schedule, expected_batch_size=B)
     for step in (0, 2, 5):
         opt.iterations.assign(step)
         ctx = opt.step_context()
         assert int(ctx.step) == step and float(ctx.learning_rate) == pytest.approx(float(schedule(step)))
         assert ctx.expected_batch_size == B
-    assert float(DPOptimizer(DPSGD.of(1.0, 1.0), 0.3, expected_batch_size=B).step_context().learning_rate) == \
+    assert float(DPOptimizer(DPSGD(1.0, 1.0), 0.3, expected_batch_size=B).step_context().learning_rate) == \
         pytest.approx(0.3)
 
 
 def test_lazydp_refuses_a_step_without_context_or_with_another_batch_size():
     model = _model()
-    mech = LazyDP.of(1.0, 1.0, seed=0)
+    mech = LazyDP(1.0, 1.0, seed=0)
     mech.bind_model(model)
     table = model.get_layer("emb").embeddings
     grad = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([1, 2], tf.int64), tf.constant([40, 3], tf.int64))
@@ -77,7 +76,7 @@ def test_lazydp_refuses_a_step_without_context_or_with_another_batch_size():
 
 def _with_dp_optimizer(batches):
     model = _model()
-    mech = LazyDP.of(1.5, 1.0, seed=7)
+    mech = LazyDP(1.5, 1.0, seed=7)
     mech.bind_model(model)
     step = PrivateStep(model, _bce, DPOptimizer(mech, tf.keras.optimizers.schedules.PiecewiseConstantDecay(**SCHEDULE),
                                                 expected_batch_size=B))
@@ -93,7 +92,7 @@ def _without_optimizer(batches):
     from tfdp_sparse.step.attachment import ModelTaps
 
     model = _model()
-    mech = LazyDP.of(1.5, 1.0, seed=7)
+    mech = LazyDP(1.5, 1.0, seed=7)
     mech.bind_model(model)
     mech.privatize([], [], [], context=StepContext.of(0, 0.0, B))  # tells B, as check_optimizer would; no step
     mech.reset_state()

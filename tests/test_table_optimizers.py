@@ -8,9 +8,7 @@ import tensorflow as tf
 
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.mechanisms.dpsgd import DPSGD
-from tfdp_sparse.mechanisms.eana import EANA
-from tfdp_sparse.mechanisms.lazydp import LazyDP
+from tfdp_sparse.mechanisms import DPSGD, EANA, LazyDP
 from tfdp_sparse.optimizers import TableAdagrad, TableAdam, TableFTRL, TableOptimizer, TableSGD
 
 RULES = [
@@ -150,7 +148,7 @@ def test_eana_at_a_million_rows_changes_only_noised_rows_and_their_slots(rule):
     table = model.get_layer("emb").embeddings
     before = table.numpy().copy()
     head_before = model.get_layer("head").kernel.numpy().copy()
-    opt = DPOptimizer(EANA.of(1.0, 1.0, seed=3), learning_rate=0.1, expected_batch_size=8, table_optimizer=rule)
+    opt = DPOptimizer(EANA(1.0, 1.0, seed=3), learning_rate=0.1, expected_batch_size=8, table_optimizer=rule)
     recorder = opt.attach(model)
     slots = opt.table_optimizer.slots_of(table)
     assert all(tuple(s.shape) == (vocab, 4) and s.device == table.device for s in slots.values())
@@ -172,18 +170,18 @@ def test_eana_at_a_million_rows_changes_only_noised_rows_and_their_slots(rule):
 
 def test_lazydp_refuses_adagrad_by_name():
     with pytest.raises(ValueError, match=r"LazyDP refuses table_optimizer=TableAdagrad.*plain SGD.*sum eta_s\^2"):
-        DPOptimizer(LazyDP.of(1.0, 1.0, seed=0), 0.1, expected_batch_size=8, table_optimizer=TableAdagrad(0.1))
+        DPOptimizer(LazyDP(1.0, 1.0, seed=0), 0.1, expected_batch_size=8, table_optimizer=TableAdagrad(0.1))
 
 
 @pytest.mark.parametrize("rule", [TableAdam(0.1), TableFTRL(0.1), TableSGD(0.2)], ids=lambda r: r.name)
 def test_lazydp_refuses_other_table_optimizers(rule):
     with pytest.raises(ValueError, match=f"LazyDP refuses .*{type(rule).__name__}"):
-        DPOptimizer(LazyDP.of(1.0, 1.0, seed=0), 0.1, expected_batch_size=8, table_optimizer=rule)
+        DPOptimizer(LazyDP(1.0, 1.0, seed=0), 0.1, expected_batch_size=8, table_optimizer=rule)
 
 
 def test_lazydp_accepts_plain_sgd_at_its_own_rate():
-    DPOptimizer(LazyDP.of(1.0, 1.0, seed=0), 0.1, expected_batch_size=8, table_optimizer=TableSGD(0.1))
-    DPOptimizer(LazyDP.of(1.0, 1.0, seed=0), 0.1, expected_batch_size=8)
+    DPOptimizer(LazyDP(1.0, 1.0, seed=0), 0.1, expected_batch_size=8, table_optimizer=TableSGD(0.1))
+    DPOptimizer(LazyDP(1.0, 1.0, seed=0), 0.1, expected_batch_size=8)
 
 
 def test_lazydp_with_table_sgd_trains_as_without_it():
@@ -191,7 +189,7 @@ def test_lazydp_with_table_sgd_trains_as_without_it():
     results = []
     for rule in (None, TableSGD(0.1)):
         model = _model(100)
-        mech = LazyDP.of(1.0, 1.0, seed=7)
+        mech = LazyDP(1.0, 1.0, seed=7)
         mech.bind_model(model)
         step = PrivateStep(model, _bce, DPOptimizer(mech, 0.1, expected_batch_size=8, table_optimizer=rule))
         for seed in range(3):
@@ -207,7 +205,7 @@ def test_dpsgd_with_adagrad_tables_changes_every_row():
     model = _model(vocab)
     table = model.get_layer("emb").embeddings
     before = table.numpy().copy()
-    opt = DPOptimizer(DPSGD.of(1.0, 1.0, seed=0), learning_rate=0.1, expected_batch_size=8,
+    opt = DPOptimizer(DPSGD(1.0, 1.0, seed=0), learning_rate=0.1, expected_batch_size=8,
                       table_optimizer=TableAdagrad(0.1))
     step = PrivateStep(model, _bce, opt)
     x, y = _batch(vocab)
@@ -225,10 +223,10 @@ def test_no_table_optimizer_keeps_plain_sgd():
     results = []
     for rule in (None, TableSGD(0.1)):
         model = _model(200)
-        opt = DPOptimizer(EANA.of(1.0, 1.0, seed=4), learning_rate=0.1, expected_batch_size=8, table_optimizer=rule)
+        opt = DPOptimizer(EANA(1.0, 1.0, seed=4), learning_rate=0.1, expected_batch_size=8, table_optimizer=rule)
         PrivateStep(model, _bce, opt)(*_batch(200))
         results.append([v.numpy() for v in model.trainable_variables])
-    assert "table_optimizer" not in DPOptimizer(EANA.of(1.0, 1.0), 0.1, expected_batch_size=8).get_config()
+    assert "table_optimizer" not in DPOptimizer(EANA(1.0, 1.0), 0.1, expected_batch_size=8).get_config()
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
@@ -261,7 +259,7 @@ def test_checkpoint_round_trip_gives_the_same_next_update(tmp_path):
 
 def test_dp_optimizer_checkpoint_holds_table_slots(tmp_path):
     model = _model(50)
-    opt = DPOptimizer(EANA.of(1.0, 1.0, seed=0), 0.1, expected_batch_size=8, table_optimizer=TableFTRL(0.1))
+    opt = DPOptimizer(EANA(1.0, 1.0, seed=0), 0.1, expected_batch_size=8, table_optimizer=TableFTRL(0.1))
     PrivateStep(model, _bce, opt)(*_batch(50))
     path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "ckpt"))
     names = [name for name, _ in tf.train.list_variables(path)]
@@ -288,7 +286,7 @@ def test_dp_optimizer_checkpoint_holds_table_slots(tmp_path):
         (lambda: TableFTRL(0.1, l2=-1.0), ValueError, r"TableFTRL.l2 must be"),
         (lambda: TableFTRL(0.1, initial_accumulator_value=0.0), ValueError, r"initial_accumulator_value > 0"),
         (lambda: TableOptimizer("adagrad"), TypeError, r"needs a TableUpdate"),
-        (lambda: DPOptimizer(EANA.of(1.0, 1.0), 0.1, expected_batch_size=8, table_optimizer="adagrad"), TypeError,
+        (lambda: DPOptimizer(EANA(1.0, 1.0), 0.1, expected_batch_size=8, table_optimizer="adagrad"), TypeError,
          r"needs a TableUpdate.*got str"),
     ],
 )

@@ -4,7 +4,7 @@ The fixture (``tests/fixtures/lazydp_trainer_before_step_context``, see its
 ``make_fixture_run.py``) was written by the code at aecd0c8, which read the
 step from the optimizer. Today's ``RunCheckpoint.restore`` finds no
 ``completed_steps`` in it, sets the record from the ledger's steps
-(``LazyDP.resume_at``, which checks it against the restored histories), and
+(``LazyDPRule.resume_at``, which checks it against the restored histories), and
 the third step is a function of the checkpoint and the run's seed (which
 also orders the batches): two resumes agree bit for bit. Since issue 22 a touched row's step noise is drawn with its next
 catch-up, so the old code's third step (``expected_step3.npz``) draws its

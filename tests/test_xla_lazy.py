@@ -27,8 +27,7 @@ import tensorflow as tf
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, PrivateStep, make_private
 from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST
-from tfdp_sparse.mechanisms.lazydp import LazyDP
+from tfdp_sparse.mechanisms import DPFEST, LazyDP
 from tfdp_sparse.mechanisms.lazydp_catchup import _record_rate
 from tfdp_sparse.xla import unique_ids
 
@@ -47,8 +46,8 @@ def _zero_loss(y, p):
 
 def _mechanism(kind: str):
     if kind == "lazydp":
-        return LazyDP.of(SIGMA, CLIP, seed=3)
-    return LazyDPFEST.of(SIGMA, CLIP, k=len(KEPT), kept_ids=[KEPT], seed=3)
+        return LazyDP(SIGMA, CLIP, seed=3)
+    return DPFEST(SIGMA, CLIP, k=len(KEPT), kept_ids=[KEPT], seed=3, kept_noise="lazy")
 
 
 def _batch(t: int) -> np.ndarray:
@@ -154,7 +153,7 @@ def test_unique_ids_keeps_a_static_shape_under_xla():
 
 
 def test_reserve_steps_grows_the_rate_record_and_a_compiled_step_past_it_fails_closed():
-    mech = LazyDP.of(1.0, 1.0, seed=0)
+    mech = LazyDP(1.0, 1.0, seed=0)
     size = int(tf.shape(mech.lr_sq_cumsum)[0])
     mech.reserve_steps(size + 10)
     assert int(tf.shape(mech.lr_sq_cumsum)[0]) >= size + 11
@@ -173,7 +172,7 @@ def test_refusals_under_xla_name_the_path():
     tf.keras.utils.set_random_seed(0)
     ids = tf.keras.Input(shape=(2,), dtype=tf.int64)
     model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(DPEmbedding(10, 2, combiner="sum")(ids)))
-    mech = LazyDP.of(1.0, 1.0, aggregate=False)
+    mech = LazyDP(1.0, 1.0, aggregate=False)
     mech.bind_model(model)
     step = PrivateStep(model, _zero_loss, DPOptimizer(mech, 0.1, expected_batch_size=4), jit_compile=True)
     with pytest.raises(ValueError, match="aggregate=False"):  # while tracing, before any step

@@ -24,7 +24,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import make_private
 from tfdp_sparse.keras.keras_rs_support import hook_keras_rs_tables
 from tfdp_sparse import mechanisms
-from tfdp_sparse.mechanisms.dpfest import DPFEST
+from tfdp_sparse.mechanisms import DPFEST
 from tfdp_sparse.mechanisms.tables import embedding_tables
 
 N, B, STEPS, SEED, LR = 64, 8, 5, 7, 0.5
@@ -95,19 +95,19 @@ def test_feature_names_name_the_keras_rs_tables():
     """``feature_names`` maps kept sets to keras-rs tables by ``<layer>_<table>``; an unknown name is refused."""
     model = m.keras_rs_model()
     hook_keras_rs_tables(model)
-    mech = DPFEST.of(1.0, 1.0, kept_ids=KEPT[::-1], feature_names=("rs_t2", "rs_t1"), seed=0)
+    mech = DPFEST(1.0, 1.0, kept_ids=KEPT[::-1], feature_names=("rs_t2", "rs_t1"), seed=0)
     mech.bind_model(model)
     assert [info.name for info in mech.selection.table_infos()] == ["rs_t2", "rs_t1"]
     assert [info.rows for info in mech.selection.table_infos()] == [m.V2, m.V1]
     with pytest.raises(ValueError, match="feature_names \\['t1'\\] match no embedding layer.*rs_t1"):
-        DPFEST.of(1.0, 1.0, kept_ids=KEPT, feature_names=("t1", "rs_t2"), seed=0).bind_model(model)
+        DPFEST(1.0, 1.0, kept_ids=KEPT, feature_names=("t1", "rs_t2"), seed=0).bind_model(model)
 
 
 def test_binding_unhooked_keras_rs_tables():
     """Without ``make_private``'s hooks: eager DP-FEST binds the Keras ``Embedding`` layers keras-rs keeps its
     default-device tables in (the same variables, named by layer); lazy DP-FEST refuses them (no read hooks)."""
     model = m.keras_rs_model()
-    DPFEST.of(1.0, 1.0, kept_ids=KEPT, seed=0).bind_model(model)
+    DPFEST(1.0, 1.0, kept_ids=KEPT, seed=0).bind_model(model)
     assert [(t.ref(), name) for t, name in embedding_tables(model)] == [(t.ref(), n) for t, n in
                                                                           zip(m.tables(model), ("t1", "t2"))]
     lazy = mechanisms.build(_privacy("dpfest_lazy"), seed=0)

@@ -28,8 +28,8 @@ under Keras 3 with keras-rs installed
 
 Example::
 
-    hook_keras_rs_tables(model)          # then LazyDP.of(1.0, 1.0).bind_model(model) binds tables t1, t2
-    DPFEST.of(1.0, 1.0, kept_ids=[ids_t1, ids_t2]).bind_model(model)   # features "rs_t1", "rs_t2"
+    hook_keras_rs_tables(model)          # then LazyDP(1.0, 1.0).bind_model(model) binds tables t1, t2
+    DPFEST(1.0, 1.0, kept_ids=[ids_t1, ids_t2]).bind_model(model)   # features "rs_t1", "rs_t2"
 """
 
 from __future__ import annotations

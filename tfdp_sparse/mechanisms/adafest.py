@@ -59,7 +59,7 @@ Knobs (``PrivacyConfig.extra``):
 
 Example::
 
-    mech = AdaFEST.of(sigma1=5.0, sigma2=1.0, C1=1.0, tau=2.0, l2_norm_clip=1.0, seed=0)
+    mech = AdaFEST(None, 1.0, sigma1=5.0, sigma2=1.0, C1=1.0, tau=2.0, seed=0)   # mechanisms.AdaFEST: an AdaFESTRule
     out = mech.privatize(grads, variables, is_table, lookups=lookups)
     mech.step_event(0.01)   # PoissonSampled(0.01, Gaussian(0.98058))
 """
@@ -319,10 +319,11 @@ def check_lookups(
 # The mechanism.
 
 
-class AdaFEST(Mechanism):
+class AdaFESTRule(Mechanism):
     """DP-AdaFEST (Alg. 1) with memory-efficient false positives.
 
-    Args:
+    Built as ``AdaFESTRule(AdaFESTPlan(...), noise)``; users call :func:`tfdp_sparse.mechanisms.AdaFEST`.
+    Plan settings:
       sigma1: noise multiplier of the contribution map (> 0).
       sigma2: noise multiplier of the gradient (>= 0).
       C1: clip norm of the contribution vectors (> 0).
@@ -330,20 +331,11 @@ class AdaFEST(Mechanism):
       false_positives: expected false-positive rows per table and step
         (sets each table's threshold from its size; give one of the two).
       l2_norm_clip: ``C2``, the per-example gradient clip norm.
-      seed: seed of the noise generator.
     """
 
     def __init__(self, plan: AdaFESTPlan, noise=None):
         super().__init__(plan, noise)
         self._fixed_shapes_charged = False  # set by fixed_shape_truncation: compiled steps may run
-
-    @classmethod
-    def of(cls, sigma1: float, sigma2: float, C1: float, l2_norm_clip: float, tau: Optional[float] = None,
-           false_positives: Optional[float] = None, seed: Optional[int] = None) -> "AdaFEST":
-        """``AdaFEST(AdaFESTPlan(...), seed)``. Example: ``AdaFEST.of(5.0, 1.0, 1.0, 1.0, tau=2.0, seed=0)``."""
-        plan = AdaFESTPlan(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, false_positives=false_positives,
-                           l2_norm_clip=l2_norm_clip)
-        return cls(plan, seed)
 
     tau = property(lambda self: self.plan.tau, doc="Threshold on the noisy map (None: per table, false_positives).")
     sigma1 = property(lambda self: self.plan.sigma1, doc="Noise multiplier of the map.")

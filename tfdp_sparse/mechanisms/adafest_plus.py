@@ -31,7 +31,7 @@ Example::
     config = PrivacyConfig(algorithm="adafest_plus", noise_multiplier=1.0,
                            extra=(("k", 5000), ("frequency_file", "prior.csv"),
                                   ("tau", 2.0), ("sigma_ratio", 5.0)))
-    mech = tfdp_sparse.mechanisms.build(config, seed=0)   # an AdaFESTPlus
+    mech = tfdp_sparse.mechanisms.build(config, seed=0)   # an AdaFESTPlusRule
 """
 
 from __future__ import annotations
@@ -102,29 +102,18 @@ def _rows_of(domain: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
     return tf.where(positions >= 0, rows, tf.constant(-1, tf.int64))
 
 
-class AdaFESTPlus(UsesSelection, adafest.AdaFEST):
+class AdaFESTPlusRule(UsesSelection, adafest.AdaFESTRule):
     """DP-AdaFEST inside DP-FEST's kept sets.
 
-    Args:
-      selection: the preselection (:class:`BucketSelection`).
-      sigma1, sigma2, C1, l2_norm_clip, tau, false_positives, seed: as for :class:`AdaFEST`.
+    Built as ``AdaFESTPlusRule(AdaFESTPlusPlan(...), noise, selection=None)`` (the plan's settings: DP-FEST's
+    selection and :class:`~tfdp_sparse.mechanisms.adafest.AdaFESTRule`'s); users call
+    :func:`tfdp_sparse.mechanisms.AdaFESTPlus`.
     """
 
     def __init__(self, plan: AdaFESTPlusPlan, noise=None, selection: Optional[BucketSelection] = None):
         """``selection``: an existing preselection (its settings must be the plan's); default: built from the plan."""
         super().__init__(plan, noise)
         self.selection = selection_for(plan, self.noise_source, selection)
-
-    @classmethod
-    def of(cls, selection: BucketSelection, sigma1: float, sigma2: float, C1: float, l2_norm_clip: float,
-           tau: Optional[float] = None, false_positives: Optional[float] = None,
-           seed: Optional[int] = None) -> "AdaFESTPlus":
-        """``AdaFESTPlus(AdaFESTPlusPlan(...), seed, selection)`` around an existing ``selection``."""
-        if not isinstance(selection, BucketSelection):
-            raise TypeError(f"selection must be a BucketSelection, got {type(selection).__name__}")
-        plan = AdaFESTPlusPlan(sigma1=sigma1, sigma2=sigma2, C1=C1, tau=tau, false_positives=false_positives,
-                               l2_norm_clip=l2_norm_clip, selection=selection.settings)
-        return cls(plan, seed, selection)
 
     _label = "DP-AdaFEST+"
 

@@ -1,6 +1,9 @@
 """Typed constructors of every mechanism: keyword arguments instead of ``PrivacyConfig.extra`` pairs.
 
-Each function takes the algorithm's knobs (those of its plan module's
+These functions are the public name of each mechanism (``tfdp_sparse.mechanisms.LazyDP`` is
+:func:`LazyDP`); what they return is the algorithm's rule class, named ``<Algorithm>Rule``
+(``LazyDP(...)`` returns a :class:`~tfdp_sparse.mechanisms.lazydp.LazyDPRule`; use the rule class
+for ``isinstance``). Each function takes the algorithm's knobs (those of its plan module's
 ``KNOBS``) as typed keyword arguments and returns exactly what
 ``build(PrivacyConfig(algorithm=..., extra=((knob, value), ...)), seed)``
 returns: the same rule class with the same plan, validated by the same
@@ -29,13 +32,13 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.mechanisms.plans.adafest import effective_noise_multiplier
 
 if TYPE_CHECKING:  # the classes import TensorFlow
-    from tfdp_sparse.mechanisms.adafest import AdaFEST as AdaFESTRule
-    from tfdp_sparse.mechanisms.adafest_plus import AdaFESTPlus as AdaFESTPlusRule
-    from tfdp_sparse.mechanisms.dpfest import DPFEST as DPFESTRule
-    from tfdp_sparse.mechanisms.dpsgd import DPSGD as DPSGDRule
-    from tfdp_sparse.mechanisms.eana import EANA as EANARule
-    from tfdp_sparse.mechanisms.lazydp import LazyDP as LazyDPRule
-    from tfdp_sparse.mechanisms.nonprivate import NonPrivate as NonPrivateRule
+    from tfdp_sparse.mechanisms.adafest import AdaFESTRule
+    from tfdp_sparse.mechanisms.adafest_plus import AdaFESTPlusRule
+    from tfdp_sparse.mechanisms.dpfest import DPFESTRule
+    from tfdp_sparse.mechanisms.dpsgd import DPSGDRule
+    from tfdp_sparse.mechanisms.eana import EANARule
+    from tfdp_sparse.mechanisms.lazydp import LazyDPRule
+    from tfdp_sparse.mechanisms.nonprivate import NonPrivateRule
 
 #: ``k`` of the bucket selection: one int for every feature, one per feature, or by feature index / layer name.
 KSpec = Union[int, Sequence[int], dict]
@@ -121,8 +124,8 @@ def LazyDP(noise_multiplier: float, l2_norm_clip: float, *, aggregate: Optional[
 def DPFEST(noise_multiplier: float, l2_norm_clip: float, *, k: Optional[KSpec] = None,
            frequency_file: Optional[str] = None, selection_epsilon: Optional[float] = None,
            kept_ids: Optional[Sequence] = None, feature_names: Optional[Sequence[str]] = None,
-           vocab_sizes: Optional[Sequence[int]] = None, accountant: Optional[Accountant] = None,
-           seed: Optional[int] = None) -> "DPFESTRule":
+           vocab_sizes: Optional[Sequence[int]] = None, kept_noise: Optional[str] = None,
+           accountant: Optional[Accountant] = None, seed: Optional[int] = None) -> "DPFESTRule":
     """DP-FEST (Ghazi et al., NeurIPS'23, §3.1): DP-SGD restricted to ``k`` kept buckets per feature.
 
     Exactly one source of kept buckets: ``frequency_file`` (public prior
@@ -137,6 +140,9 @@ def DPFEST(noise_multiplier: float, l2_norm_clip: float, *, k: Optional[KSpec] =
       frequency_file, selection_epsilon, kept_ids: the source of the kept buckets (one of them).
       feature_names: embedding layer names in feature order (else the tables' order).
       vocab_sizes: table sizes in feature order (else from ``bind_model``).
+      kept_noise: when the kept rows' noise is drawn: ``"eager"`` (``None``: every kept row, every step;
+        an :class:`~tfdp_sparse.mechanisms.dpfest.EagerDPFESTRule`) or ``"lazy"`` (at the row's next
+        read, LazyDP's way; a :class:`~tfdp_sparse.mechanisms.dpfest_lazy.LazyDPFESTRule`).
       accountant: the run's accountant (``None``: ``rdp`` with ``selection_epsilon``, else ``pld``).
       seed: ``None``: noise (and Gumbel draws) from OS entropy.
 
@@ -144,7 +150,7 @@ def DPFEST(noise_multiplier: float, l2_norm_clip: float, *, k: Optional[KSpec] =
     ``mech.select(train_counts_per_feature)`` before training.
     """
     extra = _knobs(k=k, frequency_file=frequency_file, selection_epsilon=selection_epsilon, kept_ids=kept_ids,
-                   feature_names=feature_names, vocab_sizes=vocab_sizes)
+                   feature_names=feature_names, vocab_sizes=vocab_sizes, kept_noise=kept_noise)
     return _build("dpfest", noise_multiplier, l2_norm_clip, extra, seed,
                   _selection_accountant(accountant, selection_epsilon))
 

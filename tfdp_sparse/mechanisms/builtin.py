@@ -1,8 +1,10 @@
 """The built-in mechanisms, registered in this one place: name, plan module, rule.
 
 Plans and rules are named by import path (imported on first use: planning
-imports no TensorFlow). DP-FEST's rule is a function choosing the eager or
-the lazy rule from the plan's ``kept_noise``.
+imports no TensorFlow). Each rule is a class named ``<Algorithm>Rule``
+(never the name of a typed constructor of :mod:`.api`); DP-FEST's is a
+function, :func:`~.dpfest_lazy.dpfest_rule`, choosing the eager or the lazy
+rule (both a :class:`~.dpfest.DPFESTRule`) from the plan's ``kept_noise``.
 
 Example::
 
@@ -18,13 +20,13 @@ _RULES = "tfdp_sparse.mechanisms"
 
 #: name -> (plan module, "rule module:callable"), in the order flags list them.
 BUILTIN: tuple = (
-    ("sgd", f"{_PLANS}.nonprivate", f"{_RULES}.nonprivate:NonPrivate"),
-    ("dpsgd", f"{_PLANS}.dpsgd", f"{_RULES}.dpsgd:DPSGD"),
-    ("eana", f"{_PLANS}.eana", f"{_RULES}.eana:EANA"),
-    ("dpfest", f"{_PLANS}.dpfest", f"{_RULES}.dpfest_lazy:rule_for"),
-    ("adafest", f"{_PLANS}.adafest", f"{_RULES}.adafest:AdaFEST"),
-    ("adafest_plus", f"{_PLANS}.adafest_plus", f"{_RULES}.adafest_plus:AdaFESTPlus"),
-    ("lazydp", f"{_PLANS}.lazydp", f"{_RULES}.lazydp:LazyDP"),
+    ("sgd", f"{_PLANS}.nonprivate", f"{_RULES}.nonprivate:NonPrivateRule"),
+    ("dpsgd", f"{_PLANS}.dpsgd", f"{_RULES}.dpsgd:DPSGDRule"),
+    ("eana", f"{_PLANS}.eana", f"{_RULES}.eana:EANARule"),
+    ("dpfest", f"{_PLANS}.dpfest", f"{_RULES}.dpfest_lazy:dpfest_rule"),
+    ("adafest", f"{_PLANS}.adafest", f"{_RULES}.adafest:AdaFESTRule"),
+    ("adafest_plus", f"{_PLANS}.adafest_plus", f"{_RULES}.adafest_plus:AdaFESTPlusRule"),
+    ("lazydp", f"{_PLANS}.lazydp", f"{_RULES}.lazydp:LazyDPRule"),
 )
 
 

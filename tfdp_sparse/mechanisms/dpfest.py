@@ -85,7 +85,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms.base import Gradient, Mechanism, Noise, NoisedGradients, StepGrads, sum_rows_at
-from tfdp_sparse.mechanisms.bucket_selection import BucketSelection, KSpec
+from tfdp_sparse.mechanisms.bucket_selection import BucketSelection, KSpec  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.plans.dpfest import KNOBS, DPFESTPlan, KeptNoise, plan_from_config  # noqa: F401
 from tfdp_sparse.mechanisms.plans.selection import SELECTION_KNOBS  # noqa: F401 (re-exported)
@@ -96,19 +96,6 @@ from tfdp_sparse.noise_source import NoiseSource
 def selection_from_config(config, seed: Optional[int] = None) -> BucketSelection:
     """A :class:`BucketSelection` from the selection knobs of ``config`` (see :mod:`.plans.selection`)."""
     return BucketSelection.from_settings(plan_from_config(config).selection, seed=seed)
-
-
-def selection_of(k: Optional[KSpec], selection: Optional[BucketSelection], seed: Optional[int],
-                 selection_kwargs: dict) -> BucketSelection:
-    """``selection``, or one built from ``k`` and its source knobs (exactly one of the two ways).
-
-    Example: ``selection_of(10, None, None, {"kept_ids": [[1, 2]]})`` -> a ``BucketSelection``.
-    """
-    if selection is None:
-        return BucketSelection(k, seed=seed, **selection_kwargs)
-    if k is not None or selection_kwargs:
-        raise ValueError("give either selection=... or k and its source knobs, not both")
-    return selection
 
 
 def selection_for(plan, noise_source: NoiseSource, selection: Optional[BucketSelection]) -> BucketSelection:
@@ -155,17 +142,15 @@ class UsesSelection:
 
 
 class DPFESTRule(UsesSelection):
-    """Construction shared by DP-FEST's rules: eager (:class:`DPFEST`) and lazy
-    (:class:`~tfdp_sparse.mechanisms.dpfest_lazy.LazyDPFEST`), which differ in :attr:`KEPT_NOISE`.
+    """A DP-FEST rule (what :func:`tfdp_sparse.mechanisms.DPFEST` returns): eager
+    (:class:`EagerDPFESTRule`) or lazy (:class:`~tfdp_sparse.mechanisms.dpfest_lazy.LazyDPFESTRule`), which
+    differ in :attr:`KEPT_NOISE` and share this construction.
 
-    Built as ``Rule(plan, noise)`` (optionally with an existing ``selection``), or
-    ``Rule.of(noise_multiplier, l2_norm_clip, k, selection=..., seed=..., **selection_kwargs)``:
-      noise_multiplier: sigma.
-      l2_norm_clip: C.
-      selection: the kept sets (a :class:`BucketSelection`); or give ``k`` and
-        one of ``frequency_file`` / ``selection_epsilon`` / ``kept_ids`` (and
-        optionally ``feature_names``, ``vocab_sizes``, ``accountant``) to build one.
-      seed: seed of the noise generator (and of the Gumbel selection).
+    Built as ``Rule(plan, noise, selection=None)``:
+      plan: a :class:`DPFESTPlan` (sigma, C, the selection settings, ``kept_noise``).
+      noise: seed of the noise generator (and of the Gumbel selection), or a NoiseSource.
+      selection: an existing :class:`BucketSelection` whose settings are the plan's (default: built
+        from the plan).
     """
 
     KEPT_NOISE: KeptNoise = KeptNoise.EAGER
@@ -178,20 +163,11 @@ class DPFESTRule(UsesSelection):
         self.selection = selection_for(plan, self.noise_source, selection)
         self._init_rule_state()
 
-    @classmethod
-    def of(cls, noise_multiplier: float, l2_norm_clip: float, k: Optional[KSpec] = None, *,
-           selection: Optional[BucketSelection] = None, seed: Optional[int] = None, **selection_kwargs):
-        """The rule for these settings. Example: ``DPFEST.of(1.0, 1.0, k=10, kept_ids=[ids], seed=0)``."""
-        selection = selection_of(k, selection, seed, selection_kwargs)
-        plan = DPFESTPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip, selection=selection.settings,
-                          kept_noise=cls.KEPT_NOISE)
-        return cls(plan, seed, selection)
-
     def _init_rule_state(self) -> None:
         """Per-rule state after the plan and the selection (eager DP-FEST has none)."""
 
 
-class DPFEST(DPFESTRule, Mechanism):
+class EagerDPFESTRule(DPFESTRule, Mechanism):
     """DP-SGD noise on every kept row of every table, nothing elsewhere (arguments: :class:`DPFESTRule`)."""
 
     @property

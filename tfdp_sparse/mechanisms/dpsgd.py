@@ -9,7 +9,7 @@ One step at Poisson rate ``q`` is ``PoissonSampled(q, Gaussian(sigma))``.
 
 Example::
 
-    mech = DPSGD.of(noise_multiplier=1.1, l2_norm_clip=1.0, seed=0)
+    mech = DPSGD(noise_multiplier=1.1, l2_norm_clip=1.0, seed=0)   # tfdp_sparse.mechanisms.DPSGD: a DPSGDRule
     out = mech.privatize(grads, variables, is_table)   # dense tensors
 """
 
@@ -39,13 +39,11 @@ def noise_dense(mech: Mechanism, grad: Optional[tf.Tensor], variable: tf.Variabl
     return grad + noise
 
 
-class DPSGD(Mechanism):
-    """Gaussian noise of std ``sigma * C`` on every coordinate of every variable."""
+class DPSGDRule(Mechanism):
+    """Gaussian noise of std ``sigma * C`` on every coordinate of every variable.
 
-    @classmethod
-    def of(cls, noise_multiplier: float, l2_norm_clip: float, seed: Optional[int] = None) -> "DPSGD":
-        """``DPSGD(DPSGDPlan(...), seed)``. Example: ``DPSGD.of(1.1, 1.0, seed=0)``."""
-        return cls(DPSGDPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip), seed)
+    Built as ``DPSGDRule(DPSGDPlan(...), noise)``; users call :func:`tfdp_sparse.mechanisms.DPSGD`.
+    """
 
     @property
     def noise_multiplier(self) -> float:

@@ -15,7 +15,7 @@ costs O(unique rows x d), independent of the vocabulary.
 Privacy. Which rows change reveals which rows the batch looked up, so EANA
 is **not** differentially private against an adversary who sees
 intermediate models (or the final model, if a row is looked up by a single
-example): ``step_event`` returns ``None`` and :meth:`EANA.not_private_reason`
+example): ``step_event`` returns ``None`` and :meth:`EANARule.not_private_reason`
 says why. The paper's data-dependent Rényi bound (Thm 3.1, eq. 9) is
 available as an *analysis tool* in :mod:`tfdp_sparse.analysis.eana_bound`
 (``eana_epsilon``); it is never an (epsilon, delta) claim of the run.
@@ -24,7 +24,7 @@ Knobs: none beyond ``noise_multiplier`` (sigma) and ``l2_norm_clip`` (C).
 
 Example::
 
-    mech = EANA.of(noise_multiplier=1.0, l2_norm_clip=1.0, seed=0)
+    mech = EANA(noise_multiplier=1.0, l2_norm_clip=1.0, seed=0)   # tfdp_sparse.mechanisms.EANA: an EANARule
     out = mech.privatize(grads, variables, is_table)
     out.grads[0]            # IndexedSlices over the unique looked-up rows
     mech.step_event(0.01)   # None: see mech.not_private_reason()
@@ -32,7 +32,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import tensorflow as tf
 
@@ -57,19 +57,12 @@ def noise_unique_rows(
     return out, tf.math.count_nonzero(filled, dtype=tf.int64) * width
 
 
-class EANA(Mechanism):
+class EANARule(Mechanism):
     """Noise once per unique looked-up row of each table; DP-SGD noise on dense layers.
 
-    Args:
-      noise_multiplier: sigma (noise std is ``sigma * C``).
-      l2_norm_clip: per-example clipping bound C.
-      seed: seed of the noise generator.
+    Built as ``EANARule(EANAPlan(noise_multiplier, l2_norm_clip), noise)`` (noise std ``sigma * C``); users
+    call :func:`tfdp_sparse.mechanisms.EANA`.
     """
-
-    @classmethod
-    def of(cls, noise_multiplier: float, l2_norm_clip: float, seed: Optional[int] = None) -> "EANA":
-        """``EANA(EANAPlan(...), seed)``. Example: ``EANA.of(1.0, 1.0, seed=0)``."""
-        return cls(EANAPlan(noise_multiplier=noise_multiplier, l2_norm_clip=l2_norm_clip), seed)
 
     @property
     def noise_multiplier(self) -> float:

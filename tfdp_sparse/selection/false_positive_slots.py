@@ -17,7 +17,7 @@ That truncation changes the step's output distribution by at most its
 probability in total variation, so, as for fixed-shape batches
 (:mod:`tfdp_sparse.accounting.truncation`), its probability is charged to
 δ: ``(1 + e^ε)·T·p_overflow``. The setup charges it
-(``AdaFEST.fixed_shape_truncation``) before a compiled step may run.
+(``AdaFESTRule.fixed_shape_truncation``) before a compiled step may run.
 
 Example: ``V = 10**6``, ``p = 1e-4`` (100 false positives expected) gives
 ``K = 178`` slots, overflowing with probability below ``1e-12`` per step.

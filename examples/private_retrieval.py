@@ -82,9 +82,10 @@ from tfdp_sparse.keras_stack import stack_name  # noqa: E402
 from tfdp_sparse.retrieval import PublicProposal  # noqa: E402
 
 CONTEXT_LENGTH = 20
-#: The recipe's settings (the grid they were chosen from: docs/results/retrieval_recipe.jsonl).
-DIM = 32
-LEARNING_RATE = 10.0
+#: The recipe's settings (the grid they were chosen from: docs/results/retrieval_recipe.jsonl), written once in
+#: models.dual_encoder (the dual-encoder trainer's defaults too).
+DIM = dual_encoder.RECIPE_DIM
+LEARNING_RATE = dual_encoder.RECIPE_LEARNING_RATE
 NUM_NEGATIVES = 100
 
 

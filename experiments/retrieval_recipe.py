@@ -10,10 +10,11 @@ chance, the ratio, seconds and the load average. The non-private reference
 was tuned on this synthetic data, which is public in this demo: the lines
 record every setting tried, not only the chosen one.
 
-The trainer's defaults (``python -m trainers.train_dual_encoder
---algorithm=dpsgd --target_epsilon=8``: learning rate 20, width 128, a
-``Dense`` on the history; batch size and steps from the planner since
-issue 34 item 1) are the "before" line (``--with_trainer``).
+The trainer's defaults before it adopted this recipe (``python -m
+trainers.train_dual_encoder --algorithm=dpsgd --target_epsilon=8 --dim=128
+--context_dense --learning_rate=20``: a ``Dense`` on the history; batch
+size and steps from the planner since issue 34 item 1) are the "before"
+line (``--with_trainer``).
 
 Example::
 
@@ -61,8 +62,10 @@ GRID: tuple = (
 )
 #: The tag of this grid's lines (the first draft's lines, learning rate 1 with the Dense, carry their own).
 ROUND = "recipe: lr 10, no Dense on the history"
+#: The trainer's defaults before issue 34 adopted the recipe (they are its flags now: width 128, a Dense, lr 20).
 TRAINER = ("trainer defaults (before)", ["-m", "trainers.train_dual_encoder", "--algorithm=dpsgd",
-                                         "--target_epsilon=8", "--log_every=100000"])
+                                         "--target_epsilon=8", "--log_every=100000", "--dim=128", "--context_dense",
+                                         "--learning_rate=20"])
 
 
 def _last_json(stdout: str) -> dict:

@@ -252,3 +252,27 @@ def test_in_batch_run_is_recorded_not_private_and_refuses_a_budget():
     budgeted = dataclasses.replace(run, privacy=PrivacyConfig(algorithm="dpsgd", target_epsilon=1.0))
     with pytest.raises(ValueError, match="target_epsilon=1.0 is meaningless.*sensitivity"):
         tde.train_model(budgeted, train, num_rows)
+
+
+def test_trainer_defaults_are_the_retrieval_recipe():
+    """Issue 34: the trainer's defaults are examples/private_retrieval.py's (mean of the history rows, no Dense,
+    width 32, SGD at learning rate 10, the planner's B and T); the EANA paper's setup stays a choice of flags."""
+    from absl import flags
+
+    from trainers import train_dual_encoder as tde
+
+    def run(*argv):
+        fv = flags.FlagValues()
+        tde.define_flags(fv)
+        fv(["train_dual_encoder", *argv])
+        return tde.run_from_flags(fv)
+
+    default = run("--target_epsilon=8")
+    assert (default.model.dim, default.model.context_dense, default.loop.learning_rate) == (32, False, 10.0)
+    assert (de.RECIPE_DIM, de.RECIPE_CONTEXT_DENSE, de.RECIPE_LEARNING_RATE) == (32, False, 10.0)
+    assert (default.model.context_tower, default.model.combiner, default.model.negatives) == ("bow", "mean", "full")
+    assert default.plan_epochs is not None  # the planner chooses B and T
+    before = run("--target_epsilon=8", "--dim=128", "--context_dense", "--learning_rate=20")
+    assert (before.model.dim, before.model.context_dense, before.loop.learning_rate) == (128, True, 20.0)
+    for unit in (["--privacy_unit=user", "--max_examples_per_user=5"], []):
+        assert run("--target_epsilon=8", *unit).model == default.model

@@ -19,7 +19,20 @@ well defined (Poisson sampling over a fixed data set). The privacy unit is
 one example, not one user.
 
 Model: :mod:`models.dual_encoder` (bag-of-words or self-attention context
-tower, lookup label tower). Negatives (``--negatives``): the full-catalogue
+tower, lookup label tower). Defaults (issue 34): the retrieval recipe of
+``examples/private_retrieval.py`` (``models.dual_encoder.RECIPE_*``): the
+query is the mean of the history's movie rows, no ``Dense`` on it
+(``--nocontext_dense``), width 32 (``--dim``), plain SGD at learning rate 10
+on the tables (``--learning_rate``), and with ``--target_epsilon`` the
+planner's batch size and steps. At the defaults-table sizes
+(``python -m experiments.defaults_table``, 3 seeds) recall@10 at ε = 1 / 4 / 8
+goes from 0.012 / 0.017 / 0.019 to 0.025 / 0.090 / 0.116 at the example level
+(non-private 0.155, chance 0.010) and from 0.010 / 0.012 / 0.011 to
+0.014 / 0.018 / 0.019 at the user level, where the planner's batches of 64
+users leave the noise on top (``docs/results/defaults_table.md``).
+The EANA paper's setup, the defaults before: ``--dim=128 --context_dense
+--learning_rate=20`` (the ``Dense`` trains with ``--dense_optimizer``, Adam
+by default). Negatives (``--negatives``): the full-catalogue
 softmax by default, ``sampled`` (``--num_negatives`` ids per step from a
 public uniform / log-uniform distribution, shared by the batch) by default
 for LazyDP (which refuses ``full``: it would catch every row up at every
@@ -109,7 +122,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                          "--privacy_unit=user)", **fv)
     flags.DEFINE_integer("steps", None, f"training steps (default {DEFAULT_STEPS}; or use --epochs)", **fv)
     flags.DEFINE_float("epochs", None, "training epochs over the sampled examples (steps = epochs * N / B)", **fv)
-    common_flags.define_optimizer_flags(flag_values, learning_rate=20.0)
+    common_flags.define_optimizer_flags(flag_values, learning_rate=dual_encoder.RECIPE_LEARNING_RATE)
     flags.DEFINE_string("data", "synthetic", "'synthetic' or a MovieLens ratings file (ratings.csv / ratings.dat)",
                         **fv)
     flags.DEFINE_string("movies", None, "MovieLens catalogue (movies.csv / movies.dat) fixing the id space", **fv)
@@ -121,10 +134,12 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_integer("num_eval_examples", 10_000, "evaluation examples sampled from the held-out users", **fv)
     flags.DEFINE_integer("context_length", 20, "movies of context before the label", **fv)
     flags.DEFINE_float("test_fraction", 0.2, "fraction of users held out for evaluation", **fv)
-    flags.DEFINE_integer("dim", 128, "embedding / encoding width", **fv)
+    flags.DEFINE_integer("dim", dual_encoder.RECIPE_DIM, "embedding / encoding width (the EANA paper's: 128)", **fv)
     flags.DEFINE_enum("combiner", "mean", ["mean", "sum"], "bag-of-words pooling", **fv)
     flags.DEFINE_enum("context_tower", "bow", list(dual_encoder.CONTEXT_TOWERS), "context encoder", **fv)
-    flags.DEFINE_boolean("context_dense", True, "a Dense(dim) on top of the pooled context", **fv)
+    flags.DEFINE_boolean("context_dense", dual_encoder.RECIPE_CONTEXT_DENSE,
+                         "a Dense(dim) on top of the pooled context (the EANA paper's); off: the query is the "
+                         "pooled history rows themselves", **fv)
     flags.DEFINE_boolean("share_embeddings", False, "one table for the context and label towers", **fv)
     flags.DEFINE_enum("negatives", None, list(dual_encoder.NEGATIVES),
                       "softmax negatives: the full catalogue (reads the whole label table every step), 'sampled' "
@@ -374,7 +389,8 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
                                                                  run.loop.training_metrics)]
     extra.update({k: round(v, 5) for k, v in quality.items()})
     extra.update(context_tower=run.model.context_tower, negatives=run.model.negatives,
-                 share_embeddings=run.model.share_embeddings)
+                 share_embeddings=run.model.share_embeddings, dim=run.model.dim,
+                 context_dense=run.model.context_dense, learning_rate=run.loop.learning_rate)
     if run.model.negatives == "sampled":
         extra.update(num_negatives=run.model.num_negatives,
                      negative_distribution=run.model.negative_distribution.value)

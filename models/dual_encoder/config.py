@@ -32,6 +32,14 @@ class NegativeDistribution(str, enum.Enum):
     UNIFORM = "uniform"
     LOG_UNIFORM = "log_uniform"
 DEFAULT_KS = (1, 5, 10, 20)
+#: The retrieval recipe's settings (issue 34; the grid they were chosen from:
+#: ``docs/results/retrieval_recipe.jsonl``): the query is the mean of the history's item rows (no ``Dense`` on
+#: it), width 32, plain SGD at learning rate 10 on the tables (the update is ``lr * G / B``), batch size and
+#: steps from the planner. ``examples/private_retrieval.py`` and ``trainers/train_dual_encoder.py`` default
+#: to them; :class:`DualEncoderConfig`'s own defaults stay the EANA paper's (width 128, a ``Dense``).
+RECIPE_DIM = 32
+RECIPE_CONTEXT_DENSE = False
+RECIPE_LEARNING_RATE = 10.0
 _MASKED_LOGIT = -1e9
 
 

@@ -16,6 +16,7 @@ from typing import Optional
 import tensorflow as tf
 
 from models.dual_encoder.config import _MASKED_LOGIT
+from tfdp_sparse import retrieval
 
 
 def _padding_mask(num_rows: int) -> tf.Tensor:
@@ -53,12 +54,9 @@ def full_catalogue_logits(context: tf.Tensor, labels_emb: tf.Tensor, label_ids: 
 
     Gradient: to the context through every logit (the table is a constant)
     and to each example's own label row through its positive logit only.
+    One implementation: :func:`tfdp_sparse.retrieval.full_catalogue_logits`.
     """
-    logits = tf.matmul(context, tf.stop_gradient(table), transpose_b=True)
-    positive = tf.reduce_sum(tf.stop_gradient(context) * labels_emb, axis=-1)
-    onehot = tf.one_hot(tf.reshape(label_ids, [-1]), tf.shape(table)[0], dtype=logits.dtype)
-    logits += onehot * (positive - tf.stop_gradient(positive))[:, tf.newaxis]  # value 0, gradient to l_i
-    return logits + _padding_mask(int(table.shape[0]))
+    return retrieval.full_catalogue_logits(context, labels_emb, label_ids, table, exclude=(0,))
 
 
 def sampled_logits(context: tf.Tensor, labels_emb: tf.Tensor, label_ids: tf.Tensor, negative_ids: tf.Tensor,

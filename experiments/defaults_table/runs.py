@@ -1,0 +1,93 @@
+"""One run of each trainer-backed model of the table: pCTR and the dual encoder in-process, the retrieval
+example in a subprocess; each returns the metric and the run's plan, σ and ε."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional, Sequence
+
+import tensorflow as tf
+from absl import flags
+
+from experiments.defaults_table.config import CLIPPED, RETRIEVAL_EXAMPLE, Sizes
+
+
+def _trainer(module, argv: Sequence[str]) -> dict:
+    fv = flags.FlagValues()
+    module.define_flags(fv)
+    fv([module.__name__, *argv])
+    tf.keras.backend.clear_session()
+    return module.train_and_evaluate(module.run_from_flags(fv))
+
+
+def _common(seed: int, sizes: Sizes) -> list:
+    out = [f"--seed={seed}", "--log_every=100000"]
+    if sizes.epochs is not None:
+        out.append(f"--epochs={sizes.epochs:g}")
+    return out
+
+
+def pctr_run(algorithm: str, eps: Optional[float], sizes: Sizes, seed: int, plan: Optional[dict] = None,
+             adaptive: bool = False) -> dict:
+    """``train_pctr`` with the target ε alone (private), or ``algorithm`` (SGD; DP-SGD with σ = 0 when it is
+    ``"clipped"``) at ``plan``'s batch size and steps. ``adaptive``: ``--adaptive_clipping`` (the median)."""
+    if algorithm == CLIPPED:
+        algorithm = "dpsgd\n--noise_multiplier=0"
+    from trainers import train_pctr
+
+    argv = [*f"--algorithm={algorithm}".split("\n"), f"--num_examples={sizes.pctr_examples}",
+            f"--num_eval_examples={sizes.pctr_eval}", f"--vocab_scale={sizes.pctr_vocab_scale}",
+            f"--hidden={sizes.pctr_hidden}", *_common(seed, sizes), *(["--adaptive_clipping"] if adaptive else [])]
+    if plan is None:
+        argv.append(f"--target_epsilon={eps}")
+    else:
+        argv = [a for a in argv if not a.startswith("--epochs")]
+        argv += [f"--batch_size={plan['batch_size']}", f"--steps={plan['steps']}"]
+    m = _trainer(train_pctr, argv)
+    return {"metric": m["auc"], "plan": m.get("planner"), "sigma": m.get("noise_multiplier"),
+            "epsilon_spent": m.get("epsilon"), "delta": m.get("delta"), "steps": m.get("steps"),
+            "private": m.get("private"), "bayes_optimal": m.get("bayes_optimal_auc"), "clip_norm": m.get("clip_norm")}
+
+
+def dual_encoder_run(unit: str, algorithm: Optional[str], eps: Optional[float], sizes: Sizes, seed: int,
+                     plan: Optional[dict] = None, adaptive: bool = False) -> dict:
+    """``train_dual_encoder`` at ``unit`` with the target ε alone, or SGD at ``plan``'s batch size and steps.
+    ``adaptive``: ``--adaptive_clipping`` (the median)."""
+    from trainers import train_dual_encoder
+
+    argv = [f"--num_users={sizes.de_users}", f"--num_movies={sizes.de_movies}",
+            f"--num_examples={sizes.de_examples}", f"--num_eval_examples={sizes.de_eval}", *_common(seed, sizes),
+            *(["--adaptive_clipping"] if adaptive else [])]
+    if algorithm == CLIPPED:
+        argv += ["--algorithm=dpsgd", "--noise_multiplier=0"]
+    elif algorithm is not None:
+        argv.append(f"--algorithm={algorithm}")
+    if unit == "user":
+        argv += ["--privacy_unit=user", f"--max_examples_per_user={sizes.de_k}"]
+    if plan is None:
+        argv.append(f"--target_epsilon={eps}")
+    else:
+        argv = [a for a in argv if not a.startswith("--epochs")]
+        argv += [f"--batch_size={plan['batch_size']}", f"--steps={plan['steps']}"]
+    m = _trainer(train_dual_encoder, argv)
+    return {"metric": m["recall@10"], "plan": m.get("planner"), "sigma": m.get("noise_multiplier"),
+            "epsilon_spent": m.get("epsilon"), "delta": m.get("delta"), "steps": m.get("steps"),
+            "private": m.get("private"), "algorithm_ran": m.get("algorithm"),
+            "chance": round(10 / sizes.de_movies, 5), "clip_norm": m.get("clip_norm")}
+
+
+def retrieval_run(eps: float, seed: int, smoke: bool, with_reference: bool) -> dict:
+    """``examples/private_retrieval.py --target_epsilon=eps`` (its defaults otherwise) in a subprocess."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, RETRIEVAL_EXAMPLE, f"--target_epsilon={eps}", f"--seed={seed}"]
+    argv += ["--smoke"] if smoke else []
+    argv += [] if with_reference else ["--no_reference"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    m = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    return {"metric": m["recall_at_10"], "plan": m.get("planner"), "sigma": m.get("noise_multiplier"),
+            "epsilon_spent": m.get("epsilon"), "delta": m.get("delta"), "steps": m.get("steps"),
+            "private": m.get("private"), "algorithm_ran": m.get("algorithm"), "chance": m["chance_recall_at_10"],
+            "reference": m.get("nonprivate_recall_at_10"),
+            "reference_seconds": round(m["seconds"] - m["private_seconds"], 1)}

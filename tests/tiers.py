@@ -30,6 +30,8 @@ class Moved:
 
 
 _PCTR = "tests/test_train_pctr.py::"
+_PCTR_PRIVACY = "tests/test_train_pctr_privacy.py::"
+_PCTR_INPUTS = "tests/test_train_pctr_inputs.py::"
 _K3 = "tests/keras3/"
 
 FULL_ONLY: dict[str, Moved] = {
@@ -68,29 +70,29 @@ FULL_ONLY: dict[str, Moved] = {
          "tests/test_one_private_step.py::test_both_paths_refuse_a_target_for_a_mechanism_without_guarantee"),
         "a trainer run (12 s); the not-private label of a trainer run is proved with EANA"),
     # -- the pCTR trainer --------------------------------------------------------------------------
-    _PCTR + "test_budget_stop_before_exceeding_target": Moved(
+    _PCTR_PRIVACY + "test_budget_stop_before_exceeding_target": Moved(
         ("tests/test_make_private.py::test_budget_stops_fit_before_the_step_that_would_exceed_the_target",
          "tests/test_accounting.py::test_budget_checks_stop_before_exceeding",
-         _PCTR + "test_budget_too_small_for_one_step"),
+         _PCTR_PRIVACY + "test_budget_too_small_for_one_step"),
         "a trainer run to the budget (15 s)"),
-    _PCTR + "test_eana_reports_no_epsilon": Moved(
+    _PCTR_PRIVACY + "test_eana_reports_no_epsilon": Moved(
         ("tests/test_private_by_default.py::test_eana_is_not_labelled_private",),
         "a trainer run (14 s); the same EANA run without ε is checked there"),
-    _PCTR + "test_dpfest_private_selection_is_made_and_charged": Moved(
-        (_PCTR + "test_dpfest_private_selection_requires_rdp",
+    _PCTR_PRIVACY + "test_dpfest_private_selection_is_made_and_charged": Moved(
+        (_PCTR_PRIVACY + "test_dpfest_private_selection_requires_rdp",
          "tests/test_make_private_releases.py::test_private_selection_needs_counts_and_charges_the_selection"),
         "a trainer run (13 s)"),
-    _PCTR + "test_criteo_tsv_counts_and_reports_malformed_lines": Moved(
+    _PCTR_INPUTS + "test_criteo_tsv_counts_and_reports_malformed_lines": Moved(
         ("tests/test_data_criteo_lines.py::test_parse_file_records_each_kind_with_its_line_number",
          "tests/test_train_pctr_prepared.py::test_prepared_days_train_exactly_like_the_tsv_reference"),
         "a trainer run (9 s); malformed lines are counted by the parser, TSV training runs in the prepared test"),
-    _PCTR + "test_command_line_prints_one_json_line": Moved(
-        (_PCTR + "test_command_line_bad_setting_exits_with_message",
+    _PCTR_INPUTS + "test_command_line_prints_one_json_line": Moved(
+        (_PCTR_INPUTS + "test_command_line_bad_setting_exits_with_message",
          "tests/test_cli_help.py::test_trainer_help_lists_privacy_flags_and_delta_default",
          _PCTR + "test_metrics_line_has_required_fields"),
         "a trainer subprocess (13 s); the entry point runs as a subprocess in the other two, the JSON line in process"),
     "tests/test_tensorboard.py::test_trainer_entry_point_prints_no_tensorflow_startup_lines": Moved(
-        (_PCTR + "test_command_line_bad_setting_exits_with_message",
+        (_PCTR_INPUTS + "test_command_line_bad_setting_exits_with_message",
          "tests/test_tensorboard.py::test_quiet_startup_sets_level_3_only_when_the_user_chose_none"),
         "a second trainer subprocess (12 s): one CLI subprocess per entry point stays"),
     "tests/test_trainer_table_optimizer.py::test_sgd_run_keeps_the_dp_optimizers_own_sgd": Moved(
@@ -222,7 +224,7 @@ FULL_ONLY: dict[str, Moved] = {
                      "[dpsgd-0-extra0]",),
               "a Keras 3 trainer run (13 s)"),
     _K3 + "test_train_pctr_keras3.py::test_tf_keras_run_says_tf_keras": Moved(
-        (_PCTR + "test_command_line_bad_setting_exits_with_message",
+        (_PCTR_INPUTS + "test_command_line_bad_setting_exits_with_message",
          "tests/test_keras_check.py::test_package_names"),
         "a tf-keras trainer subprocess (12 s)"),
     _K3 + "test_dp_embedding_keras3.py::test_rows_no_example_looks_up_stay_bitwise_unchanged[adafest-extra1]": Moved(
@@ -236,6 +238,11 @@ FULL_ONLY: dict[str, Moved] = {
     _K3 + "test_fit_misuse_keras3.py::test_a_longer_fit_stops_at_the_target": Moved(
         (_K3 + "test_fit_misuse_keras3.py::test_a_repeated_fit_never_passes_the_target",),
         "as on tf-keras"),
+    # -- adaptive clipping -----------------------------------------------------------------------
+    "tests/test_quantile_clipping.py::test_a_compiled_fixed_shape_fit_adapts_too": Moved(
+        ("tests/test_quantile_clipping.py::test_fit_moves_the_bound_and_charges_the_count",
+         "tests/test_xla_trainers.py::test_trainer_with_jit_and_static_batch_equals_fit_and_charges_alike"),
+        "an XLA compilation (19 s); the bound's update is the same graph code as in the uncompiled fit"),
 }
 
 

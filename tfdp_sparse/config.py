@@ -18,6 +18,7 @@ import dataclasses
 from typing import Optional
 
 from tfdp_sparse.accounting import validation
+from tfdp_sparse.accounting.quantile_clipping import QuantileClipping
 
 SAMPLING_MODES = ("poisson", "shuffle")
 
@@ -40,6 +41,10 @@ class PrivacyConfig:
       accountant: ``"pld"`` (tight, default) or ``"rdp"``.
       extra: algorithm-specific knobs (k, tau, sigma1, ...), as a tuple of
         ``(name, value)`` pairs so the config stays hashable.
+      quantile_clipping: adaptive clipping (Andrew et al. 2021): ``l2_norm_clip``
+        is then the initial bound, which follows a private quantile of the
+        norms; its count is charged with every step
+        (:mod:`tfdp_sparse.accounting.quantile_clipping`). ``None``: C fixed.
     """
 
     algorithm: str = "dpsgd"
@@ -50,6 +55,7 @@ class PrivacyConfig:
     sampling: str = "poisson"
     accountant: str = "pld"
     extra: tuple = ()
+    quantile_clipping: Optional[QuantileClipping] = None
 
     def validate(self) -> "PrivacyConfig":
         validation.validate_noise_multiplier(self.noise_multiplier)
@@ -62,6 +68,9 @@ class PrivacyConfig:
             raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}")
         if self.accountant not in ("pld", "rdp"):
             raise ValueError(f"accountant must be 'pld' or 'rdp', got {self.accountant!r}")
+        if self.quantile_clipping is not None and not isinstance(self.quantile_clipping, QuantileClipping):
+            raise TypeError(f"quantile_clipping must be a QuantileClipping or None, got "
+                            f"{type(self.quantile_clipping).__name__}")
         return self
 
     def knob(self, name: str, default=None):

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 from absl import app, flags
 
 from tfdp_sparse import mechanisms
+from tfdp_sparse.accounting.quantile_clipping import QuantileClipping
 from tfdp_sparse.clipping.user_norms import UserClipMethod
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras.private_config import TRAINING_METRICS
@@ -46,7 +47,14 @@ def define_privacy_flags(flag_values: flags.FlagValues) -> None:
         "sigma. With --target_epsilon: omit it to calibrate sigma so that --steps fit the budget, or give it "
         "to keep it and stop when the budget is spent. Required for private algorithms without --target_epsilon",
         **fv)
-    flags.DEFINE_float("l2_norm_clip", 1.0, "per-example clipping bound C (> 0)", **fv)
+    flags.DEFINE_float("l2_norm_clip", 1.0, "per-example clipping bound C (> 0); with --adaptive_clipping the "
+                       "initial bound", **fv)
+    flags.DEFINE_bool("adaptive_clipping", False,
+                      "adaptive clipping (Andrew et al. 2021): the bound follows a private quantile of the norms "
+                      "(--target_quantile), one noised count per step charged with the step", **fv)
+    flags.DEFINE_float("target_quantile", 0.5, "with --adaptive_clipping: the fraction of examples (users) the bound "
+                       "leaves unclipped", **fv)
+    flags.DEFINE_float("clip_learning_rate", 0.2, "with --adaptive_clipping: the bound's geometric step size", **fv)
     flags.DEFINE_float("target_epsilon", None, "privacy budget: calibrates sigma (see --noise_multiplier) and never "
                        "trains past it", **fv)
     flags.DEFINE_float("delta", None, DELTA_HELP, **fv)
@@ -185,6 +193,8 @@ def privacy_from_flags(fv: flags.FlagValues) -> PrivacyConfig:
         sampling=fv.sampling,
         accountant=fv.accountant,
         extra=extra,
+        quantile_clipping=(QuantileClipping(target_quantile=fv.target_quantile, learning_rate=fv.clip_learning_rate)
+                           if fv.adaptive_clipping else None),
     ).validate()
     if sigma is None and fv.target_epsilon is None and not sigmas_fixed and mechanisms.plan(privacy).requires().clips:
         raise app.UsageError(f"--algorithm={fv.algorithm} needs --noise_multiplier or --target_epsilon")

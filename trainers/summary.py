@@ -148,6 +148,9 @@ def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_valu
     for name, value in result.mechanism.describe().items():
         if name not in line and isinstance(value, (int, float, str, bool)) and value is not None:
             line[name] = _round(value, 6) if isinstance(value, float) else value
+    if result.mechanism.adapts_clip:  # l2_norm_clip is the initial bound; the count's settings are in the line
+        line["clip_norm"] = _round(result.mechanism.clip_norm_now(), 6)
+        line["quantile_clipping"] = result.mechanism.plan.quantile_clipping.describe()
     line.update(table_optimizer_fields(result.optimizer))
     line.update(privacy_fields(result, outside))
     line.update(extra)

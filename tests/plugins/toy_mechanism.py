@@ -38,7 +38,7 @@ class TouchedRowsPlan(NoisePlan):
     l2_norm_clip: float
     factor: float = 2.0
 
-    def step_event(self, sampling_probability: float) -> None:
+    def gradient_event(self, sampling_probability: float) -> None:
         return None
 
     def not_private_reason(self) -> str:

@@ -112,8 +112,13 @@ class ClippedGradients:
     lookups: list[Optional[tf.Tensor]] = dataclasses.field(default_factory=list)
 
 
-def validate_clip_norm(clip_norm: Optional[float]) -> None:
-    """``None`` (no clipping) or a valid C (:func:`tfdp_sparse.accounting.validation.validate_l2_norm_clip`)."""
+def validate_clip_norm(clip_norm: Union[None, float, tf.Tensor]) -> None:
+    """``None`` (no clipping), a valid C (:func:`tfdp_sparse.accounting.validation.validate_l2_norm_clip`), or a
+    float scalar tensor (adaptive clipping's bound ``C_0 * s``, kept positive and finite by its update)."""
+    if isinstance(clip_norm, (tf.Tensor, tf.Variable)):
+        if clip_norm.shape.rank != 0 or not clip_norm.dtype.is_floating:
+            raise ValueError(f"a tensor clip_norm must be a float scalar, got {clip_norm.dtype.name} {clip_norm.shape}")
+        return
     if clip_norm is not None:
         validate_l2_norm_clip(clip_norm)
 
@@ -161,7 +166,7 @@ def clip_gradients(
     tape: tf.GradientTape,
     variables: Sequence[tf.Variable],
     recorded: Sequence[Tap],
-    clip_norm: Optional[float],
+    clip_norm: Union[None, float, tf.Tensor],
     users: Optional[UserClipping] = None,
 ) -> ClippedGradients:
     """Summed per-example-clipped gradients of ``variables`` (see module doc).

@@ -116,7 +116,7 @@ def clip_scales(groups: Sequence, batch_size: tf.Tensor, clip_norm: Optional[flo
         if users.method is UserClipMethod.GROUP_NORM:
             scale, norms = user_norms.user_scale([g.group_squared_norms for g in groups], users, clip_norm)
         else:
-            scale, norms = example_scale(groups, batch_size, clip_norm / users.max_examples_per_user)
+            scale, norms = example_scale(groups, batch_size, users.norm_bound(clip_norm))
         return tf.identity(scale), norms
 
 
@@ -159,5 +159,5 @@ def example_scale(groups: Sequence, batch_size: tf.Tensor, clip_norm: float) -> 
     for group in groups:
         squared += tf.cast(batch_major(group.squared_norms(), batch_size, group.owner()), tf.float64)
     exact_norms = tf.sqrt(squared)
-    scale = tf.minimum(tf.constant(1.0, tf.float64), clip_norm / tf.maximum(exact_norms, 1e-12))
+    scale = tf.minimum(tf.constant(1.0, tf.float64), tf.cast(clip_norm, tf.float64) / tf.maximum(exact_norms, 1e-12))
     return scale, tf.cast(exact_norms, tf.float32)

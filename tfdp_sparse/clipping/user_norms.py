@@ -108,6 +108,15 @@ class UserClipping:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"max_examples_per_user must be a positive integer, got {k!r}")
 
+    def norm_bound(self, clip_norm):
+        """The bound each reported norm is clipped at: ``C`` (``GROUP_NORM``: user norms) or ``C / k`` (each example).
+
+        Example: ``UserClipping(segments, UserClipMethod.EXAMPLE_SHARE, 4).norm_bound(2.0)`` is 0.5.
+        """
+        if self.method is UserClipMethod.GROUP_NORM:
+            return clip_norm
+        return clip_norm / self.max_examples_per_user
+
 
 def pad_by_user(per_example: tf.Tensor, segments: UserSegments) -> tf.Tensor:
     """``[U, n_max, ...]``: each user's examples side by side, zero-padded to the largest count ``n_max``.
@@ -185,7 +194,7 @@ def user_scale(per_user_squared: Sequence[Callable[[UserSegments], tf.Tensor]], 
     for group_norms in per_user_squared:
         squared += tf.cast(group_norms(segments), tf.float64)
     norms = tf.sqrt(squared)
-    factor = tf.minimum(tf.constant(1.0, tf.float64), clip_norm / tf.maximum(norms, 1e-12))
+    factor = tf.minimum(tf.constant(1.0, tf.float64), tf.cast(clip_norm, tf.float64) / tf.maximum(norms, 1e-12))
     return tf.gather(factor, segments.ids), tf.cast(tf.gather(norms, segments.ids), tf.float32)
 
 

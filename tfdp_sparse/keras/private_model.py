@@ -38,7 +38,8 @@ import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.accounting.truncation import StaticBatchPlan
-from tfdp_sparse.data.sampling import PoissonSampler, StaticPoissonSampler, sampled_batch_dataset, static_batch_dataset
+from tfdp_sparse.data.sampling import PoissonSampler, sampled_batch_dataset
+from tfdp_sparse.data.static_batches import StaticPoissonSampler, static_batch_dataset
 from tfdp_sparse.keras.coupling import CouplingCheck, check_no_coupling, model_generators, owner_of
 from tfdp_sparse.keras.fit_inputs import (  # noqa: F401  (IndexedSource: the documented source type)
     IndexedSource, as_tuples, gather_of, refuse_fit_arguments, refuse_weights)
@@ -431,6 +432,9 @@ class PrivateModel(tf.keras.Model):
             "outside_guarantee": [*self._outside, *self._released],
             "coupling_check": self._coupling.describe() if self._coupling else None,
         }
+        if self.mechanism.adapts_clip:  # l2_norm_clip is then the initial bound
+            out["clip_norm"] = self.mechanism.clip_norm_now()
+            out["quantile_clipping"] = described["quantile_clipping"]
         if self.config.privacy_unit.is_user_level:
             out["training_users"] = self.config.num_users
         if self.training_plan is not None:

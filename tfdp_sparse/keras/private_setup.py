@@ -175,6 +175,18 @@ def with_default_delta(privacy: PrivacyConfig, n: int) -> PrivacyConfig:
     return dataclasses.replace(privacy, delta=delta)
 
 
+def with_quantile_units(privacy: PrivacyConfig, expected_units: int) -> PrivacyConfig:
+    """``privacy`` with adaptive clipping's count set for ``expected_units`` per batch (B; users at the user level).
+
+    Settings that already name their units are kept. Example: ``PrivacyConfig(quantile_clipping=
+    QuantileClipping())`` at B = 256 gets ``count_stddev`` 25.6.
+    """
+    spec = privacy.quantile_clipping
+    if spec is None or spec.is_resolved:
+        return privacy
+    return dataclasses.replace(privacy, quantile_clipping=spec.for_units(expected_units))
+
+
 def charged_before_steps(privacy: PrivacyConfig, model,
                          pre_training: Sequence[PreTrainingRelease]) -> Optional[dp_accounting.DpEvent]:
     """One event for everything charged before the first step (``None`` if nothing), for σ calibration.
@@ -201,7 +213,7 @@ def resolve_privacy(privacy: PrivacyConfig, shape: RunShape, model, options: Set
     Raises ``ValueError`` for a target ε the run cannot have (a mechanism or
     loss without a guarantee) and for an accountant the plan cannot use.
     """
-    privacy = with_default_delta(privacy, shape.num_examples)
+    privacy = with_quantile_units(with_default_delta(privacy, shape.num_examples), shape.batch_size)
     warning = accounting.delta_warning(privacy.delta, shape.num_examples)
     if warning:
         log.warning("%s", warning)

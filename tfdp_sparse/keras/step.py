@@ -86,11 +86,14 @@ class PrivateStep:
         _, per_example_loss, update = private_train_step(self.model, self._forward_loss, self.optimizer, features,
                                                          labels, users, example_mask=example_mask)
         with tf.control_dependencies([update]):
-            return {
+            metrics = {
                 "loss": tf.reduce_mean(per_example_loss),
                 "embedding_values": self.optimizer.last_embedding_values.read_value(),
                 "clipped_fraction": self.optimizer.last_clipped_fraction.read_value(),
             }
+            if self.optimizer.mechanism.adapts_clip:  # the bound the next step clips at
+                metrics["clip_norm"] = self.optimizer.mechanism.clip_bound()
+            return metrics
 
     def __call__(self, features, labels, user_ids=None) -> dict:
         """One step; ``user_ids`` (the batch's user column) is required at the user level and refused otherwise."""
@@ -109,7 +112,7 @@ class PrivateStep:
         required, each padded slot a user of its own
         (:func:`tfdp_sparse.data.user_sampling.with_padding_users`).
         Example: ``step.padded(x, y, mask)`` with ``(x, y), mask`` from
-        :func:`tfdp_sparse.data.sampling.static_batch_dataset`.
+        :func:`tfdp_sparse.data.static_batches.static_batch_dataset`.
         """
         if (user_ids is None) == self.unit.is_user_level:
             raise ValueError(f"PrivateStep(unit={self.unit.describe()}).padded got user_ids="

@@ -15,10 +15,19 @@ plan module (``KNOBS`` and ``plan_from_config(config) -> Plan``) and the rule
 plans never import rules. Importing this package (and the built-in plan
 modules) imports no TensorFlow.
 
-Every algorithm also has a typed constructor (:mod:`.api`): ``DPSGD``,
-``NonPrivate``, ``EANA``, ``LazyDP``, ``DPFEST``, ``AdaFEST``,
-``AdaFESTPlus``, taking the knobs as keyword arguments and returning what
-``build`` returns for the same settings.
+One constructor per layer, one name per thing:
+
+* users: the typed constructors (:mod:`.api`) ``DPSGD``, ``NonPrivate``,
+  ``EANA``, ``LazyDP``, ``DPFEST``, ``AdaFEST``, ``AdaFESTPlus``, the public
+  name of each mechanism, taking the knobs as keyword arguments and
+  returning what ``build`` returns for the same settings;
+* configs and flags: ``build(config, seed)``;
+* both go through ``build_rule(plan, noise)``, which calls the registered
+  rule as ``rule(plan, noise)`` (the registry's protocol).
+
+The rule classes they return are named ``<Algorithm>Rule``
+(``lazydp.LazyDPRule``, ``dpsgd.DPSGDRule``, ``dpfest.DPFESTRule``, ...;
+use them for ``isinstance``), never like a constructor.
 
 Example::
 
@@ -31,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Optional
 
@@ -81,15 +91,25 @@ def knobs(algorithm: str) -> frozenset:
 
 
 def plan(config: PrivacyConfig) -> Plan:
-    """The validated plan of ``config.algorithm`` (unknown algorithm or knob: ``ValueError``)."""
+    """The validated plan of ``config.algorithm`` (unknown algorithm or knob: ``ValueError``).
+
+    ``config.quantile_clipping`` (adaptive clipping) is carried into the plan, whose
+    ``step_event`` then charges its count with every step.
+    """
     config.validate()
     module = _REGISTRY.entry(config.algorithm, available()).plan_module()
     refuse_unknown_knobs(config.algorithm, config.extra, module.KNOBS)
-    return module.plan_from_config(config)
+    built = module.plan_from_config(config)
+    if config.quantile_clipping is None:
+        return built
+    return dataclasses.replace(built, quantile_clipping=config.quantile_clipping)  # the plan validates it
 
 
 def build_rule(plan_: Plan, noise=None):
-    """The registered rule of ``plan_.name``, built as ``rule(plan_, noise)`` (``noise=None``: OS entropy)."""
+    """The registered rule of ``plan_.name``, built as ``rule(plan_, noise)`` (``noise=None``: OS entropy).
+
+    The one place a rule is built from a plan: :func:`build` and the typed constructors (:mod:`.api`) call it.
+    """
     rule = _REGISTRY.entry(plan_.name, available()).rule_factory()(plan_, noise)
     if rule.plan is not plan_:
         raise TypeError(f"the rule registered for {plan_.name!r} did not keep its plan (got {rule.plan!r})")

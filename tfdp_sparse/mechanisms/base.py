@@ -34,8 +34,15 @@ Rules every implementation follows:
   from it, never from an optimizer. ``privatize(grads, variables, is_table,
   lookups, context=...)`` is the callers' entry point and builds the StepGrads.
 * A rule is built as ``Rule(plan, noise)`` (``noise``: a seed or a
-  :class:`~tfdp_sparse.noise_source.NoiseSource`); plans never import rules:
-  :func:`tfdp_sparse.mechanisms.register` pairs them.
+  :class:`~tfdp_sparse.noise_source.NoiseSource`): the registry's protocol,
+  which :func:`tfdp_sparse.mechanisms.build_rule` calls; plans never import
+  rules: :func:`tfdp_sparse.mechanisms.register` pairs them. One constructor
+  per layer: users call the typed constructors of
+  :mod:`tfdp_sparse.mechanisms.api` (``DPSGD(...)``, ``LazyDP(...)``, the
+  public name of each mechanism), configs and flags call
+  :func:`tfdp_sparse.mechanisms.build`; both reach ``build_rule``. A rule
+  class is named ``<Algorithm>Rule`` (``DPSGDRule``, ``LazyDPRule``), never
+  like a constructor, and has no other constructor.
 * The accounting (``step_event``, ``setup_event``, ``not_private_reason``,
   ``describe``) is the plan's (:mod:`tfdp_sparse.mechanisms.plans`): pure
   Python, so calibration and trainers read it without building this object.
@@ -217,6 +224,18 @@ def unique_row_values(slices: tf.IndexedSlices) -> tf.Tensor:
     return tf.cast(tf.size(unique_ids), tf.int64) * width
 
 
+def scale_gradient(grad: Gradient, factor) -> Gradient:
+    """``grad * factor`` for a dense gradient or ``tf.IndexedSlices`` (kept sparse); ``None`` stays ``None``.
+
+    Example: ``scale_gradient(tf.IndexedSlices([[2.0]], [3], [5, 1]), 0.5).values`` is ``[[1.0]]``.
+    """
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor
+
+
 class Mechanism(tf.Module, abc.ABC):
     """Base class of graph-side update rules; see the module docstring for the contract.
 
@@ -226,9 +245,10 @@ class Mechanism(tf.Module, abc.ABC):
     ``required_accountant`` and ``needs_lookups`` delegate to it.
 
     Every rule is built as ``Rule(plan, noise)`` (what
-    :func:`tfdp_sparse.mechanisms.build` calls for the rule registered with
-    the plan's name); the built-in rules also offer ``Rule.of(...)`` with
-    their settings as arguments.
+    :func:`tfdp_sparse.mechanisms.build_rule` calls for the rule registered
+    with the plan's name); users build the built-in rules with the typed
+    constructors of :mod:`tfdp_sparse.mechanisms.api` (``DPSGD(...)`` returns
+    a ``DPSGDRule``), configs with :func:`tfdp_sparse.mechanisms.build`.
 
     Args:
       plan: the settings and accounting of this rule.
@@ -246,6 +266,8 @@ class Mechanism(tf.Module, abc.ABC):
         self._noise_source = noise_source_of(noise)
         self.rng = self._noise_source.tf_generator()
         self._dense_blocks = DenseNoiseBlocks.empty()  # a step's pre-drawn dense noise, only inside privatize
+        if plan.quantile_clipping is not None:  # adaptive clipping: C_t = C_0 * clip_scale (checkpointed)
+            self.clip_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="clip_scale")
 
     @property
     def plan(self) -> Plan:
@@ -271,6 +293,52 @@ class Mechanism(tf.Module, abc.ABC):
     def l2_norm_clip(self) -> Optional[float]:
         """Per-example clipping bound, or ``None`` when examples are not clipped."""
         return self._plan.l2_norm_clip
+
+    @property
+    def adapts_clip(self) -> bool:
+        """True under adaptive clipping (the plan's ``quantile_clipping``): the bound follows a private quantile."""
+        return self._plan.quantile_clipping is not None
+
+    def clip_bound(self):
+        """This step's clipping bound: the plan's C, or under adaptive clipping ``C_0 * clip_scale`` (a tensor).
+
+        Every backend clips at it; :meth:`privatize` divides the clipped sums by
+        ``clip_scale`` first, so the rule always noises sums of sensitivity
+        ``C_0`` whatever the bound has become. Example: ``DPSGD(1.0, 2.0).clip_bound()`` is 2.0.
+        """
+        if not self.adapts_clip:
+            return self.l2_norm_clip
+        return self.l2_norm_clip * self.clip_scale.read_value()
+
+    def clip_norm_now(self) -> Optional[float]:
+        """Eagerly, the current bound as a number (the plan's C without adaptive clipping); for reports."""
+        if not self.adapts_clip:
+            return self.l2_norm_clip
+        return float(self.l2_norm_clip * float(self.clip_scale.numpy()))
+
+    def adapt_clip(self, norms: tf.Tensor, bound, users: Optional[UserSegments] = None):
+        """Moves the bound toward the target quantile of the norms from one noised count (Andrew et al. 2021).
+
+        ``norms``: ``[B]`` the norms the step clipped at ``bound`` (at the user level, each example's
+        user norm or its own norm, compared with its own bound); ``users``: the batch's user segments
+        (user level), so that each user counts at most once. The count of units above their bound (0 or
+        1 each, so sensitivity 1; padded slots have norm 0 and count 0) gets ``N(0, count_stddev^2)``
+        from this rule's generator; the update is post-processing of that count
+        (:mod:`tfdp_sparse.accounting.quantile_clipping`). Returns the assign op (``None`` without
+        adaptive clipping). Example: ``mech.adapt_clip(clipped.norms, mech.clip_bound())``.
+        """
+        if not self.adapts_clip:
+            return None
+        spec = self._plan.quantile_clipping
+        above = tf.cast(tf.greater(tf.cast(norms, tf.float32), tf.cast(bound, tf.float32)), tf.int32)
+        if users is not None:  # one unit per user: above if any of its examples is
+            above = tf.math.unsorted_segment_max(above, users.ids, users.count)
+            above = tf.maximum(above, 0)  # users without examples: the segment max's lowest int, not -1
+        count = tf.cast(tf.reduce_sum(above), tf.float32) + self.rng.normal([], stddev=spec.count_stddev)
+        unclipped = 1.0 - count / spec.expected_units
+        factor = tf.exp(-spec.learning_rate * (unclipped - spec.target_quantile))
+        bounded = tf.clip_by_value(self.clip_scale * factor, 1.0 / spec.max_factor, spec.max_factor)
+        return self.clip_scale.assign(bounded)
 
     def privatize(
         self,
@@ -306,7 +374,13 @@ class Mechanism(tf.Module, abc.ABC):
 
             out = mech.privatize(grads, variables, is_table, predraw_dense=True)
         """
-        step = StepGrads.of(grads, variables, is_table, lookups, users, context)
+        if self.adapts_clip:  # sums clipped at C_0 * s: the rule noises them / s (sensitivity C_0), then * s
+            return self._privatize_rescaled(StepGrads.of(grads, variables, is_table, lookups, users, context),
+                                            predraw_dense)
+        return self._privatize_step(StepGrads.of(grads, variables, is_table, lookups, users, context), predraw_dense)
+
+    def _privatize_step(self, step: StepGrads, predraw_dense: bool) -> NoisedGradients:
+        """:meth:`apply`, with this step's dense noise drawn first when ``predraw_dense`` (see :meth:`privatize`)."""
         if not (predraw_dense and self._plan.requires().clips) or tf.distribute.has_strategy():
             return self.apply(step)
         self._dense_blocks = DenseNoiseBlocks.draw(self.rng, step.variables, step.is_table)
@@ -314,6 +388,22 @@ class Mechanism(tf.Module, abc.ABC):
             return self.apply(step)
         finally:
             self._dense_blocks = DenseNoiseBlocks.empty()  # unclaimed blocks end with their step
+
+    def _privatize_rescaled(self, step: StepGrads, predraw_dense: bool) -> NoisedGradients:
+        """:meth:`privatize` under adaptive clipping: in units of ``C_0``, then back (see :meth:`clip_bound`).
+
+        The rule sees ``G / s`` (each unit's share at most ``C_0``) and a step whose rate is ``eta * s``:
+        a rule that defers noise (LazyDP) records ``(eta s)^2``, so its catch-up owes
+        ``sigma C_0 sqrt(sum_t (eta_t s_t)^2) / B = sigma sqrt(sum_t (eta_t C_t)^2) / B``.
+        """
+        s = self.clip_scale.read_value()
+        context = step.context
+        if context is not None:
+            context = dataclasses.replace(context, learning_rate=context.learning_rate * s)
+        normalized = dataclasses.replace(step, grads=tuple(scale_gradient(g, 1.0 / s) for g in step.grads),
+                                         context=context)
+        out = self._privatize_step(normalized, predraw_dense)
+        return NoisedGradients([scale_gradient(g, s) for g in out.grads], out.embedding_values)
 
     @abc.abstractmethod
     def apply(self, step: "StepGrads") -> NoisedGradients:

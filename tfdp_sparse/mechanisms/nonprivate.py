@@ -6,7 +6,7 @@ gradients stay ``tf.IndexedSlices`` and the optimizer updates tables with a
 
 Example::
 
-    mech = NonPrivate.of()
+    mech = NonPrivate()        # tfdp_sparse.mechanisms.NonPrivate: a NonPrivateRule
     mech.step_event(0.01)      # NonPrivateDpEvent: epsilon is infinite
 """
 
@@ -20,16 +20,11 @@ from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, St
 from tfdp_sparse.mechanisms.plans.nonprivate import KNOBS, NonPrivatePlan  # noqa: F401 (KNOBS re-exported)
 
 
-class NonPrivate(Mechanism):
-    """Identity update rule (ordinary SGD)."""
+class NonPrivateRule(Mechanism):
+    """Identity update rule (ordinary SGD); users call :func:`tfdp_sparse.mechanisms.NonPrivate`."""
 
     def __init__(self, plan: Optional[NonPrivatePlan] = None, noise=None):
         super().__init__(NonPrivatePlan() if plan is None else plan, noise)
-
-    @classmethod
-    def of(cls, seed: Optional[int] = None) -> "NonPrivate":
-        """``NonPrivate(NonPrivatePlan(), seed)``."""
-        return cls(NonPrivatePlan(), seed)
 
     def apply(self, step: StepGrads) -> NoisedGradients:
         count = tf.constant(0, tf.int64)

@@ -27,7 +27,7 @@ import tensorflow as tf
 from tfdp_sparse.clipping.clip import ClippedGradients, clip_gradients
 from tfdp_sparse.clipping.taps import Tap
 from tfdp_sparse.clipping.user_norms import UserClipping, UserSegments
-from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.mechanisms.base import Mechanism, scale_gradient
 from tfdp_sparse.mechanisms.step_context import StepContext
 
 
@@ -39,13 +39,20 @@ def add_regularization(grad, reg):
     return reg if grad is None else tf.convert_to_tensor(grad) + reg
 
 
-def scale(grad, factor):
-    """``grad * factor`` for a dense gradient or ``tf.IndexedSlices`` (kept sparse); ``None`` stays ``None``."""
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
-    return grad * factor
+
+
+def refuse_adaptive_clipping(mechanism: Mechanism, backend: str) -> None:
+    """The one refusal of adaptive clipping, for the backends that clip outside :func:`private_update`.
+
+    Adaptive clipping's count is taken where the norms are (:func:`private_update`: ``fit``,
+    :class:`~tfdp_sparse.keras.PrivateStep`, the trainers, parameter servers). Mirrored replicas and
+    the TPU program clip on their own; there the bound would never move while every step is charged
+    its count. Example: ``refuse_adaptive_clipping(optimizer.mechanism, "MirroredPrivateStep")``.
+    """
+    if mechanism.adapts_clip:
+        raise ValueError(f"{backend} does not run adaptive clipping (quantile_clipping): its count is taken in the "
+                         "one-device and parameter-server step. Train with a fixed l2_norm_clip here, e.g. the final "
+                         "bound of an adaptive run (report()['clip_norm'])")
 
 
 class UnrecordedLossError(ValueError):
@@ -122,12 +129,20 @@ def private_update(mechanism: Mechanism, expected_batch_size: Optional[int], per
     Example: with DP-SGD at σ=0, C large and B=2, a batch of two examples gives pairs
     ``(sum_i g_i / 2, v)``, i.e. the plain mean gradient.
     """
-    clip = mechanism.l2_norm_clip  # None: a non-private rule (the reference run), which clips no one, users neither
-    clipped = clip_gradients(per_example_loss, tape, variables, recorded, clip, users=None if clip is None else users)
+    clip = mechanism.clip_bound()  # None: a non-private rule (the reference run), which clips no one, users neither
+    users = None if clip is None else users
+    clipped = clip_gradients(per_example_loss, tape, variables, recorded, clip, users=users)
     check_recorded(clipped.grads, variables)
-    return noised_update(mechanism, clipped, variables, expected_batch_size, regularization_grads,
-                         predraw_dense=predraw_dense, users=None if users is None else users.segments,
-                         context=context)
+    update = noised_update(mechanism, clipped, variables, expected_batch_size, regularization_grads,
+                           predraw_dense=predraw_dense, users=None if users is None else users.segments,
+                           context=context)
+    if not mechanism.adapts_clip:
+        return update
+    # Adaptive clipping: after the rule read this step's bound, one noised count moves it (Andrew et al. 2021).
+    bound = clip if users is None else users.norm_bound(clip)
+    adapted = mechanism.adapt_clip(clipped.norms, bound, None if users is None else users.segments)
+    with tf.control_dependencies([adapted]):
+        return dataclasses.replace(update, embedding_values=tf.identity(update.embedding_values))
 
 
 def noised_update(mechanism: Mechanism, clipped: ClippedGradients, variables: Sequence[tf.Variable],
@@ -156,11 +171,11 @@ def noised_update(mechanism: Mechanism, clipped: ClippedGradients, variables: Se
         denominator = tf.constant(float(expected_batch_size))
     else:
         denominator = tf.cast(tf.maximum(clipped.batch_size, 1), tf.float32)
-    scaled = [scale(g, 1.0 / denominator) for g in noised.grads]
+    scaled = [scale_gradient(g, 1.0 / denominator) for g in noised.grads]
     if regularization_grads is not None:
         scaled = [add_regularization(g, r) for g, r in zip(scaled, regularization_grads)]
     pairs = [(g, v) for g, v in zip(scaled, variables) if g is not None]
     fraction = None
     if clipped.norms is not None:
-        fraction = tf.reduce_mean(tf.cast(clipped.norms > mechanism.l2_norm_clip, tf.float32))
+        fraction = tf.reduce_mean(tf.cast(clipped.norms > mechanism.clip_bound(), tf.float32))
     return PrivateUpdate(pairs, list(clipped.is_table), noised.embedding_values, fraction)

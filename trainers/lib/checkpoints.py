@@ -46,11 +46,14 @@ def run_identity(privacy: PrivacyConfig, calibrating: bool, unit: PrivacyUnitCon
     (``PrivacyUnitConfig.describe()``); an example-level run adds nothing, so
     checkpoints written before the unit existed (all example level) still
     resume, and resuming either with the other unit is refused: one ledger
-    never mixes the guarantees of two units.
+    never mixes the guarantees of two units. Likewise adaptive clipping's
+    settings appear only when it is on.
 
     Example: ``run_identity(privacy, False, PrivacyUnitConfig.user(5))["privacy_unit"]`` is ``"user"``.
     """
     out = json.loads(json.dumps(dataclasses.asdict(privacy)))
+    if out.get("quantile_clipping") is None:  # a fixed C adds nothing: checkpoints from before the field resume
+        out.pop("quantile_clipping", None)
     if calibrating:
         out["noise_multiplier"] = None
     if unit.is_user_level:

@@ -47,7 +47,7 @@ from tfdp_sparse.layers.tpu.activation_clip import clip_from_activations
 from tfdp_sparse.layers.tpu.config import READ_SUFFIX, UPDATE_SUFFIX, Combiner, TPUEmbeddingPlan
 from tfdp_sparse.layers.tpu.model_split import ModelSplit
 from tfdp_sparse.step.losses import record_losses
-from tfdp_sparse.step.update import PrivateUpdate, noised_update
+from tfdp_sparse.step.update import PrivateUpdate, noised_update, refuse_adaptive_clipping
 from tfdp_sparse.xla import run_starts
 
 Features = Mapping[str, tf.Tensor]
@@ -76,6 +76,7 @@ class TPUPrivateStep:
                  optimizer: DPOptimizer, jit_compile: bool = False):
         if not isinstance(optimizer, DPOptimizer):
             raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}")
+        refuse_adaptive_clipping(optimizer.mechanism, "TPUPrivateStep")
         names = [layer.name for layer in split.layers]
         if [s.name for s in plan.specs] != names:
             raise ValueError(f"plan tables {[s.name for s in plan.specs]} do not match the model's {names}")

@@ -142,7 +142,7 @@ class AdaFESTPlan(Plan):
         """Probability that a bucket nobody looked up passes a fixed ``tau`` (``None``: per table, ``r / V_j``)."""
         return None if self.tau is None else false_positive_probability(self.tau, self.sigma1, self.C1)
 
-    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
+    def gradient_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
         """``PoissonSampled(q, Gaussian((sigma1^-2 + sigma2^-2)^-1/2))``."""
         return gaussian_step_event(self.effective_noise_multiplier, sampling_probability)
 

@@ -29,6 +29,7 @@ from typing import ClassVar, Optional, Sequence
 
 import dp_accounting
 
+from tfdp_sparse.accounting.quantile_clipping import QuantileClipping
 from tfdp_sparse.accounting.validation import validate_l2_norm_clip, validate_noise_multiplier
 
 #: Negative-sampling modes a dual encoder may default to (``None``: the trainer's own default).
@@ -100,22 +101,60 @@ def gaussian_step_event(noise_multiplier: float, sampling_probability: float) ->
 class Plan(abc.ABC):
     """Settings and accounting of one algorithm (subclasses add their typed fields).
 
+    A subclass implements :meth:`gradient_event` (its noised gradients' event
+    for one step); :meth:`step_event`, what every caller charges, is written
+    once here and adds the releases all plans share: adaptive clipping's
+    count, on the same Poisson sample. A subclass that overrides
+    ``step_event`` is refused when it is defined, so no plan can leave a
+    release out of its accounting.
+
     Attributes:
-      l2_norm_clip: per-example clipping bound C (``None``: no clipping).
+      l2_norm_clip: per-example clipping bound C (``None``: no clipping); with
+        ``quantile_clipping``, the initial bound.
+      quantile_clipping: adaptive clipping's settings (resolved: the expected
+        units per batch set), or ``None`` (C fixed).
     """
 
     #: Name used by flags and the registry, e.g. ``"dpsgd"``.
     name: ClassVar[str] = ""
 
     l2_norm_clip: Optional[float]
+    quantile_clipping: Optional[QuantileClipping] = None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "step_event" in cls.__dict__:
+            raise TypeError(f"{cls.__name__} overrides Plan.step_event: implement gradient_event(q) instead "
+                            "(step_event adds the releases every plan shares, such as adaptive clipping's count)")
 
     def __post_init__(self) -> None:
         if self.l2_norm_clip is not None:
             object.__setattr__(self, "l2_norm_clip", validate_l2_norm_clip(self.l2_norm_clip))
+        if self.quantile_clipping is not None:
+            if not isinstance(self.quantile_clipping, QuantileClipping):
+                raise TypeError(f"quantile_clipping must be a QuantileClipping, got "
+                                f"{type(self.quantile_clipping).__name__}")
+            if self.l2_norm_clip is None:
+                raise ValueError(f"{self.name or type(self).__name__} clips no one: adaptive clipping needs a clipping "
+                                 "mechanism (l2_norm_clip set)")
+            if not self.quantile_clipping.is_resolved:
+                raise ValueError("quantile_clipping needs the expected units per batch: pass "
+                                 "QuantileClipping(...).for_units(B) (make_private and the trainers do)")
 
     @abc.abstractmethod
+    def gradient_event(self, sampling_probability: float) -> Optional[dp_accounting.DpEvent]:
+        """The ``DpEvent`` of one step's noised gradients at Poisson rate ``q``, or ``None`` (no guarantee)."""
+
     def step_event(self, sampling_probability: float) -> Optional[dp_accounting.DpEvent]:
-        """The ``DpEvent`` of one step at Poisson rate ``q``, or ``None`` (no guarantee)."""
+        """The ``DpEvent`` of one whole step at Poisson rate ``q`` (what the ledger charges), or ``None``.
+
+        :meth:`gradient_event`, with adaptive clipping's count released on the same sample
+        (:meth:`QuantileClipping.joint_event`) when ``quantile_clipping`` is set.
+        """
+        event = self.gradient_event(sampling_probability)
+        if self.quantile_clipping is None:
+            return event
+        return self.quantile_clipping.joint_event(event)
 
     def setup_event(self, tables: Optional[Sequence[TableInfo]] = None) -> Optional[dp_accounting.DpEvent]:
         """Privacy cost paid once before training (e.g. a private selection) for these tables."""
@@ -132,7 +171,10 @@ class Plan(abc.ABC):
 
     def describe(self) -> dict:
         """Privacy-relevant settings, for logs and the metrics line."""
-        return {"algorithm": self.name, "l2_norm_clip": self.l2_norm_clip}
+        described = {"algorithm": self.name, "l2_norm_clip": self.l2_norm_clip}
+        if self.quantile_clipping is not None:
+            described["quantile_clipping"] = self.quantile_clipping.describe()
+        return described
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

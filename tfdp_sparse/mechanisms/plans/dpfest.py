@@ -71,7 +71,7 @@ class DPFESTPlan(NoisePlan):
         super().__post_init__()
         object.__setattr__(self, "kept_noise", KeptNoise.of(self.kept_noise))
 
-    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
+    def gradient_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
         """DP-SGD's step: ``PoissonSampled(q, Gaussian(sigma))`` (restriction is post-processing)."""
         return gaussian_step_event(self.noise_multiplier, sampling_probability)
 

@@ -25,7 +25,7 @@ class DPSGDPlan(NoisePlan):
     name = "dpsgd"
     l2_norm_clip: float
 
-    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
+    def gradient_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
         return gaussian_step_event(self.noise_multiplier, sampling_probability)
 
 

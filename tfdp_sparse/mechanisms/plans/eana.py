@@ -34,7 +34,7 @@ class EANAPlan(NoisePlan):
     name = "eana"
     l2_norm_clip: float
 
-    def step_event(self, sampling_probability: float) -> None:
+    def gradient_event(self, sampling_probability: float) -> None:
         """``None``: EANA has no (epsilon, delta) guarantee (see ``not_private_reason``)."""
         return None
 

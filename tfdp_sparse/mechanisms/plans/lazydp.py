@@ -58,7 +58,7 @@ class LazyDPPlan(NoisePlan):
         object.__setattr__(self, "aggregate", parse_bool(self.aggregate, "aggregate"))
         object.__setattr__(self, "dense_fallback", parse_bool(self.dense_fallback, "dense_fallback"))
 
-    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
+    def gradient_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
         return gaussian_step_event(self.noise_multiplier, sampling_probability)
 
     def requires(self) -> Requirements:

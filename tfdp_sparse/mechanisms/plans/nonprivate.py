@@ -32,8 +32,9 @@ class NonPrivatePlan(Plan):
     def __post_init__(self) -> None:
         if self.l2_norm_clip is not None:
             raise ValueError(f"non-private SGD does not clip: l2_norm_clip must be None, got {self.l2_norm_clip!r}")
+        super().__post_init__()  # refuses adaptive clipping (nothing is clipped)
 
-    def step_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
+    def gradient_event(self, sampling_probability: float) -> dp_accounting.DpEvent:
         return dp_accounting.NonPrivateDpEvent()
 
     def not_private_reason(self) -> str:

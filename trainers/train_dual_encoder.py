@@ -335,15 +335,14 @@ def train_model(run: DualEncoderRun, train, num_rows: int):
     check_compatible(run.privacy, config)
     if int(np.max(train["label"])) >= num_rows or int(np.max(train["context"])) >= num_rows:
         raise ValueError(f"training ids exceed the {num_rows - 1} movies of the vocabulary")
-    if run.cluster and run.unit.is_user_level:
-        raise ValueError(f"privacy_unit=user is not supported with --cluster={run.cluster}: parameter servers "
-                         "sample and clip examples, not users; train on one machine")
     if run.cluster:  # parameter servers: trained there, evaluated here (trainers.lib.cluster)
         arrays = {"context": np.asarray(train["context"], np.int64), "label": np.asarray(train["label"], np.int64)}
+        if run.unit.is_user_level:  # each step's users drawn on the worker (tfdp_sparse.distribute.users)
+            arrays["user"] = np.asarray(train["user"])
         result, model = cluster_lib.train_on_cluster(
             run.cluster, lambda: dual_encoder.build_dual_encoder(config, seed=run.loop.seed),
             lambda m: m.per_example_loss, arrays, run.privacy, run.loop, feature_names=("context", "label"),
-            sensitivity_caveat=sensitivity_caveat(config))
+            sensitivity_caveat=sensitivity_caveat(config), unit=run.unit)
         return model, result
     model = dual_encoder.build_dual_encoder(config, seed=run.loop.seed)
     result = loop_lib.train_privately(model, model.per_example_loss, train, run.privacy, run.loop,

@@ -223,11 +223,9 @@ def _check_run(run: PctrRun) -> None:
     pctr.PctrConfig(vocab_sizes=(2,), hidden=tuple(run.hidden)).validate()
     if run.streaming_periods is not None:
         _check_streaming(run)
-    if run.unit.is_user_level and (run.cluster or run.streaming_periods is not None):
-        raise ValueError(f"privacy_unit=user is not supported with "
-                         f"{'--cluster=' + run.cluster if run.cluster else '--streaming_periods'}: parameter "
-                         "servers and prepared days clip and sample examples, not users; train on one machine "
-                         "on data with user ids")
+    if run.unit.is_user_level and run.streaming_periods is not None:
+        raise ValueError("privacy_unit=user is not supported with --streaming_periods: prepared days sample "
+                         "examples, not users; train on data with user ids")
     loop_lib.make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate)
     loop_lib.table_rule_of(loop)
     if is_keras_3():
@@ -345,10 +343,12 @@ def _train_on_cluster(run: PctrRun, data: PctrData, vocab_sizes, privacy: Privac
     train = data.train
     arrays = {"cat": np.asarray(train["cat"], np.int64), "dense": np.asarray(train["dense"], np.float32),
               "label": np.asarray(train["label"], np.float32).reshape(-1, 1)}
+    if "user" in train:  # the user level: each step's users drawn on the worker (tfdp_sparse.distribute.users)
+        arrays["user"] = np.asarray(train["user"])
     config = pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden)
     result, model = cluster_lib.train_on_cluster(
         run.cluster, lambda: pctr.build_pctr_model(config, seed=loop.seed), lambda _: pctr.per_example_loss,
-        arrays, privacy, loop, feature_names=("cat", "dense"), pre_training=data.pre_training)
+        arrays, privacy, loop, feature_names=("cat", "dense"), pre_training=data.pre_training, unit=run.unit)
     auc = pctr_data.evaluate_auc(model, data.evaluation)
     tensorboard.write_evaluation(loop.tensorboard_dir, result.steps, {"auc": auc, "epsilon": result.epsilon})
     info = {**data.info, **cluster_lib.cluster_fields(run.cluster, result)}

@@ -28,29 +28,24 @@ from tfdp_sparse.distribute.mirrored import MirroredPrivateStep, distribute_user
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig  # noqa: E402
 from tfdp_sparse.keras import DPOptimizer, PrivateStep  # noqa: E402
 from tfdp_sparse.layers import DPEmbedding  # noqa: E402
-from tfdp_sparse.mechanisms.adafest import AdaFEST  # noqa: E402
-from tfdp_sparse.mechanisms.dpsgd import DPSGD  # noqa: E402
-from tfdp_sparse.mechanisms.eana import EANA  # noqa: E402
-from tfdp_sparse.mechanisms.dpfest_lazy import LazyDPFEST  # noqa: E402
-from tfdp_sparse.mechanisms.lazydp import LazyDP  # noqa: E402
-from tfdp_sparse.mechanisms.nonprivate import NonPrivate  # noqa: E402
+from tfdp_sparse.mechanisms import DPFEST, DPSGD, EANA, AdaFEST, LazyDP, NonPrivate  # noqa: E402
 from tfdp_sparse.step.update import PrivateUpdate, noised_update  # noqa: E402
 
 VOCAB, DIM, CLIP, LR = 40, 4, 0.5, 0.3
 SPLIT = (9, 7)  # uneven shares of a global batch of 16
 MECHANISMS = {
-    "sgd": lambda: NonPrivate.of(),
-    "dpsgd": lambda: DPSGD.of(0.0, CLIP),
-    "eana": lambda: EANA.of(0.0, CLIP),
-    "adafest": lambda: AdaFEST.of(sigma1=1e-6, sigma2=0.0, C1=1.0, tau=1e-3, l2_norm_clip=CLIP),
-    "lazydp": lambda: LazyDP.of(0.0, CLIP),
-    "dpsgd_adam": lambda: DPSGD.of(0.0, CLIP),  # dense variables through a dense_optimizer (Adam)
+    "sgd": lambda: NonPrivate(),
+    "dpsgd": lambda: DPSGD(0.0, CLIP),
+    "eana": lambda: EANA(0.0, CLIP),
+    "adafest": lambda: AdaFEST(None, CLIP, sigma1=1e-6, sigma2=0.0, C1=1.0, tau=1e-3),
+    "lazydp": lambda: LazyDP(0.0, CLIP),
+    "dpsgd_adam": lambda: DPSGD(0.0, CLIP),  # dense variables through a dense_optimizer (Adam)
 }
 NOISY = {
-    "dpsgd": lambda: DPSGD.of(1.0, CLIP),
-    "eana": lambda: EANA.of(1.0, CLIP),
-    "adafest": lambda: AdaFEST.of(sigma1=1.0, sigma2=1.0, C1=1.0, tau=0.5, l2_norm_clip=CLIP),
-    "lazydp": lambda: LazyDP.of(1.0, CLIP),
+    "dpsgd": lambda: DPSGD(1.0, CLIP),
+    "eana": lambda: EANA(1.0, CLIP),
+    "adafest": lambda: AdaFEST(None, CLIP, sigma1=1.0, sigma2=1.0, C1=1.0, tau=0.5),
+    "lazydp": lambda: LazyDP(1.0, CLIP),
 }
 
 
@@ -285,7 +280,7 @@ def noise(strategy, step_cls) -> dict:
     Zero loss: the update of a touched row is ``-lr/B * N(0, sigma^2 C^2)``
     per coordinate; every row is read once by each replica.
     """
-    mech = EANA.of(SIGMA, 1.0)
+    mech = EANA(SIGMA, 1.0)
     with strategy.scope():
         model = _table_model(2)
         opt = DPOptimizer(mech, 1.0, expected_batch_size=1)
@@ -312,7 +307,7 @@ def lazy_noise(strategy, mech=None, kept=None) -> dict:
     steps, ``N(0, 2 sigma^2 C^2)``. ``mech``/``kept``: a lazy DP-FEST and its kept rows (the samples
     are the kept rows; the others must stay zero).
     """
-    mech = LazyDP.of(SIGMA, 1.0) if mech is None else mech
+    mech = LazyDP(SIGMA, 1.0) if mech is None else mech
     kept = np.arange(SHARED_ROWS) if kept is None else kept
     with strategy.scope():
         model = _table_model(3)
@@ -343,7 +338,7 @@ def lazy_noise(strategy, mech=None, kept=None) -> dict:
 
 def ledger_steps(strategy) -> dict:
     ledger = PrivacyLedger()
-    _mirrored_run(strategy, lambda: DPSGD.of(1.0, CLIP), _batches(3, seed=2), ledger=ledger)
+    _mirrored_run(strategy, lambda: DPSGD(1.0, CLIP), _batches(3, seed=2), ledger=ledger)
     return {"steps": ledger.steps, "entries": [[repr(e), c] for e, c in ledger.entries]}
 
 
@@ -359,7 +354,7 @@ def _error(build) -> str:
 def refusals(strategy) -> dict:
     """Messages of the set-ups :class:`MirroredPrivateStep` must refuse."""
 
-    def make(mech_in_scope=False, model_in_scope=True, mech=lambda: DPSGD.of(1.0, CLIP), strat=strategy, **kwargs):
+    def make(mech_in_scope=False, model_in_scope=True, mech=lambda: DPSGD(1.0, CLIP), strat=strategy, **kwargs):
         mech_ = None if mech_in_scope else mech()
         with strategy.scope():
             mech_ = mech_ if mech_ is not None else mech()
@@ -374,7 +369,7 @@ def refusals(strategy) -> dict:
         "default_strategy": _error(lambda: make(strat=tf.distribute.get_strategy())),
         "mechanism_in_scope": _error(lambda: make(mech_in_scope=True)),
         "model_outside_scope": _error(lambda: make(model_in_scope=False)),
-        "lazydp_noise": _error(lambda: make(mech=lambda: LazyDP.of(1.0, CLIP))),  # supported: "no error"
+        "lazydp_noise": _error(lambda: make(mech=lambda: LazyDP(1.0, CLIP))),  # supported: "no error"
         "ledger_without_n": _error(lambda: make(ledger=PrivacyLedger())),
     }
 
@@ -394,7 +389,7 @@ def main() -> None:
         "noise_global": noise(strategy, MirroredPrivateStep),
         "noise_per_replica": noise(strategy, PerReplicaNoisingStep),
         "lazy_noise": lazy_noise(strategy),
-        "lazy_dpfest_noise": lazy_noise(strategy, LazyDPFEST.of(SIGMA, 1.0, kept_ids=[LAZY_DPFEST_KEPT]),
+        "lazy_dpfest_noise": lazy_noise(strategy, DPFEST(SIGMA, 1.0, kept_ids=[LAZY_DPFEST_KEPT], kept_noise="lazy"),
                                         LAZY_DPFEST_KEPT),
         "ledger": ledger_steps(strategy),
         "refusals": refusals(strategy),

@@ -69,10 +69,10 @@ def worker(index: int, ports: list) -> None:
     import mirrored_checks as mc  # after the strategy: it must not configure devices first
     from tfdp_sparse.distribute.mirrored import MirroredPrivateStep
     from tfdp_sparse.keras import DPOptimizer
-    from tfdp_sparse.mechanisms.eana import EANA
+    from tfdp_sparse.mechanisms import EANA
 
     result = {"replicas": strategy.num_replicas_in_sync, "index": index}
-    mech = EANA.of(1.0, mc.CLIP)  # secure: each worker's generator starts from its own OS entropy
+    mech = EANA(1.0, mc.CLIP)  # secure: each worker's generator starts from its own OS entropy
     result["state_before"] = [int(v) for v in mech.rng.state.numpy()]
     with strategy.scope():
         model = mc._model(1)

@@ -75,7 +75,7 @@ from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.step.losses import record_losses
 from tfdp_sparse.step.regularization import regularization_gradients
-from tfdp_sparse.step.update import PrivateUpdate, check_recorded, noised_update
+from tfdp_sparse.step.update import PrivateUpdate, check_recorded, noised_update, refuse_adaptive_clipping
 
 PerExampleLoss = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 _MIRRORED = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
@@ -98,6 +98,7 @@ def _check_setup(strategy, model: tf.keras.Model, optimizer: DPOptimizer) -> Non
         )
     if not isinstance(optimizer, DPOptimizer):
         raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}")
+    refuse_adaptive_clipping(optimizer.mechanism, "MirroredPrivateStep")
     distributed = tf.distribute.DistributedValues
     plain = [v.name for v in model.trainable_variables if not isinstance(v, distributed)]
     optimizers = [optimizer] + ([optimizer.dense_optimizer] if optimizer.dense_optimizer is not None else [])

@@ -20,7 +20,7 @@ O(rows) work per step (which LazyDP removes).
 Example::
 
     with strategy.scope():
-        mech = ServerNoiseDPSGD.of(noise_multiplier=1.0, l2_norm_clip=1.0)
+        mech = ServerNoiseDPSGD(DPSGDPlan(noise_multiplier=1.0, l2_norm_clip=1.0))   # Rule(plan, noise)
         opt = ShardedDPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)
         opt.attach(model)
 """
@@ -35,11 +35,14 @@ from tfdp_sparse.distribute.shards import is_sharded, logical_gradients, logical
 from tfdp_sparse.layers.embedding import DPEmbedding
 from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.mechanisms.base import Gradient, NoisedGradients, StepGrads, sum_duplicates
-from tfdp_sparse.mechanisms.dpsgd import DPSGD, noise_dense
+from tfdp_sparse.mechanisms.dpsgd import DPSGDRule, noise_dense
 
 
-class ServerNoiseDPSGD(DPSGD):
+class ServerNoiseDPSGD(DPSGDRule):
     """DP-SGD whose table noise is added on the servers by :class:`ShardedDPOptimizer`.
+
+    Built as ``ServerNoiseDPSGD(DPSGDPlan(noise_multiplier=..., l2_norm_clip=...), noise)`` (not registered:
+    the parameter-server trainers and benchmarks build it themselves).
 
     ``apply`` noises dense variables as DP-SGD does and leaves table
     gradients sparse (duplicates summed); the optimizer adds the table
@@ -116,16 +119,17 @@ class ShardedDPOptimizer(DPOptimizer):
         return recorder
 
     def private_step(self, per_example_loss, var_list, tape, regularization_grads=None, users=None):
-        """``DPOptimizer.private_step`` on whole tables (shards joined); the user level is refused on the cluster."""
-        if users is not None:
-            raise ValueError(
-                "user-level DP on parameter servers is not supported: each user's examples would have to reach "
-                "one worker's batch; train at the user level on one machine (make_private or the trainers)")
+        """``DPOptimizer.private_step`` on whole tables (shards joined).
+
+        ``users`` (user level): as on one machine, each user's summed gradient is clipped. The step's
+        batch is one worker's, so every user of it is whole there
+        (:class:`~tfdp_sparse.distribute.training.ClusterTrainer` draws users, at most ``k`` examples each).
+        """
         var_list = list(var_list() if callable(var_list) else var_list)
         if regularization_grads is not None:
             regularization_grads = logical_gradients(regularization_grads, var_list, self._sharded)
         return super().private_step(per_example_loss, logical_variables(var_list, self._sharded), tape,
-                                    regularization_grads=regularization_grads)
+                                    regularization_grads=regularization_grads, users=users)
 
     def apply_gradients(self, grads_and_vars, name: Optional[str] = None, **kwargs):
         """Splits sharded tables' gradients into their shards and applies them (see class doc)."""

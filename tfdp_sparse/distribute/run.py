@@ -6,7 +6,8 @@ chief; ``TF_CONFIG``: join the cluster it describes), builds the model and
 the mechanism under ``ParameterServerStrategy`` (tables sharded over the
 servers), runs ``steps`` coordinator-scheduled private steps
 (:class:`~tfdp_sparse.distribute.training.ClusterTrainer`: Poisson batches by
-index, ``ledger`` charged per *executed* step, progress logged every
+index -- or, at the user level, users by Poisson with at most ``k`` examples
+each, all on the worker that runs the step --, ``ledger`` charged per *executed* step, progress logged every
 ``log_every`` steps), applies any deferred noise (LazyDP ``flush``) and
 copies the weights into a model built on this machine for evaluation and
 export. Settings (δ, σ calibration, budget) are the caller's:
@@ -39,8 +40,10 @@ from tfdp_sparse.distribute.cluster import ClusterKind, ClusterRequest, LocalClu
 from tfdp_sparse.distribute.optimizer import ShardedDPOptimizer
 from tfdp_sparse.distribute.strategy import fixed_shape_variables, make_strategy
 from tfdp_sparse.distribute.training import ClusterTrainer, IndexedExamples
+from tfdp_sparse.distribute.users import IndexedUsers
 from tfdp_sparse.mechanisms import build
 from tfdp_sparse.noise_source import NoiseSource
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -58,6 +61,8 @@ class ClusterRun:
     log_every: int = 100
     #: optimizer of the non-table variables (``None``: the DP optimizer's SGD), made under the strategy
     dense_optimizer: Optional[Callable[[], tf.keras.optimizers.Optimizer]] = None
+    #: the privacy unit; at the user level ``batch_size`` is the expected number of users per step
+    unit: PrivacyUnitConfig = PrivacyUnitConfig()
 
 
 @dataclasses.dataclass
@@ -94,13 +99,24 @@ def copy_to_local(source: tf.keras.Model, target: tf.keras.Model) -> None:
 
 def train_on_cluster(run: ClusterRun, build_model: Callable[[], tf.keras.Model],
                      loss_for: Callable[[tf.keras.Model], Callable], features, labels, privacy: PrivacyConfig,
-                     ledger: PrivacyLedger) -> ClusterResult:
+                     ledger: PrivacyLedger, user_ids=None) -> ClusterResult:
     """Trains on the cluster of ``run.request`` (see module doc); charges ``ledger`` per executed step.
 
-    ``loss_for(model)`` is the per-example loss of a model built by ``build_model``.
+    ``loss_for(model)`` is the per-example loss of a model built by ``build_model``. At the user level
+    (``run.unit``) ``user_ids`` ``[N]`` gives each example's user: users are sampled with
+    ``q = batch_size / N_users``, at most ``k`` examples each, each user's sum clipped on the worker
+    that draws the step (:class:`~tfdp_sparse.distribute.training.ClusterTrainer`).
     """
-    data = IndexedExamples(features, labels)
-    rate = run.batch_size / data.size
+    if (user_ids is None) == run.unit.is_user_level:
+        raise ValueError(f"train_on_cluster(unit={run.unit.describe()}) got user_ids="
+                         f"{'None' if user_ids is None else '...'}: the user level needs each example's user id, "
+                         "the example level takes none")
+    data = IndexedExamples(features, labels) if user_ids is None else IndexedUsers.group(features, labels, user_ids)
+    population = data.num_users if run.unit.is_user_level else data.size
+    if run.batch_size > population:
+        raise ValueError(f"batch_size={run.batch_size} exceeds the {population} "
+                         f"{'users' if run.unit.is_user_level else 'examples'} of the data: q = B/N would exceed 1")
+    rate = run.batch_size / population
     with _cluster(run.request) as (resolver, workers, servers):
         strategy, coordinator = make_strategy(resolver, num_servers=servers, min_rows=run.min_rows)
         with strategy.scope(), fixed_shape_variables(run.steps + 8 * workers + 16):
@@ -113,7 +129,7 @@ def train_on_cluster(run: ClusterRun, build_model: Callable[[], tf.keras.Model],
             raise ValueError(f"{mechanism.name} with private selection from training counts is not supported with "
                              "--cluster yet: give it a public kept set (kept_ids or frequency_file)")
         trainer = ClusterTrainer(strategy, coordinator, model, loss_for(model), optimizer, data, rate,
-                                 noise_source=NoiseSource(run.noise_seed), num_workers=workers)
+                                 noise_source=NoiseSource(run.noise_seed), num_workers=workers, unit=run.unit)
         mechanism.bind_model(model)
         start = time.perf_counter()
         done = 0

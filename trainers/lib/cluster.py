@@ -15,7 +15,11 @@ Not on a cluster (refused with the reason): checkpoints and resume
 (``model_dir``), fixed-size shuffled batches (the cluster samples Poisson
 batches by index), the TPU embedding
 backends, a row-wise table optimizer (``table_optimizer`` other than plain
-SGD: the servers update the sharded tables by SGD), private selection from training counts. A closure retried after a
+SGD: the servers update the sharded tables by SGD), private selection from training counts. The user level
+(``unit``) runs on the cluster as on one machine: users by Poisson at ``q = batch_size / N_users``, at most
+``k`` examples each, each user's summed gradient clipped on the worker that draws the step (a step is one
+worker's batch, so no user is split), the ledger at the user unit; what it refuses is
+:func:`trainers.lib.user_level.check_user_level`'s, as on one machine. A closure retried after a
 worker failure is a new step in the ledger; if retries push ε past a
 target, the line says so (``budget_overrun``) -- they cannot be planned for.
 
@@ -42,6 +46,7 @@ from tfdp_sparse.distribute import cluster as cluster_lib
 from tfdp_sparse.distribute import run as cluster_run
 from tfdp_sparse.layers.tpu import EmbeddingBackend
 from tfdp_sparse.noise_source import NoiseSource
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers.lib.budget import plan_steps
 from trainers.lib.config import LoopConfig, PreTrainingRelease
 from tfdp_sparse.keras.private_setup import SetupOptions, open_ledger
@@ -49,6 +54,7 @@ from trainers.lib.prepare import make_dense_optimizer, make_table_optimizer, val
 from trainers.lib.privacy import resolve_privacy, step_event_of, with_default_delta
 from trainers.lib.result import TrainResult, finish
 from trainers.lib.steps import StepStats
+from trainers.lib.user_level import USER_COLUMN, check_user_level
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -101,20 +107,28 @@ def train_on_cluster(cluster: str, build_model: Callable[[], tf.keras.Model],
                      loss_for: Callable[[tf.keras.Model], Callable], arrays: Mapping[str, np.ndarray],
                      privacy: PrivacyConfig, loop: LoopConfig, feature_names: Sequence[str],
                      pre_training: Sequence[PreTrainingRelease] = (),
-                     sensitivity_caveat: Optional[str] = None) -> tuple[TrainResult, tf.keras.Model]:
+                     sensitivity_caveat: Optional[str] = None,
+                     unit: PrivacyUnitConfig = PrivacyUnitConfig()) -> tuple[TrainResult, tf.keras.Model]:
     """``(TrainResult, local model with the trained weights)`` of a run on ``cluster`` (see module doc).
 
     ``feature_names``: the arrays the model reads (by index, on the workers); the loss's labels are
-    ``arrays["label"]`` as given (shape and dtype the loss expects).
+    ``arrays["label"]`` as given (shape and dtype the loss expects). ``unit``: at the user level
+    ``arrays["user"]`` holds each example's user, ``loop.batch_size`` is users per step, ε is over users.
     """
     request = check_cluster_settings(cluster, privacy, loop)
+    check_user_level(unit, arrays, privacy.sampling, loop)  # the one place the user level is refused
     n = validate_run(arrays, loop)
+    user_ids = None
+    if unit.is_user_level:  # q, N and ε over users (N_users as the one-machine trainer counts them)
+        user_ids = np.asarray(arrays[USER_COLUMN])
+        n = int(np.unique(user_ids).size)
     privacy = with_default_delta(privacy, n)
     local = build_model()  # for the setup event's table sizes (unusable once the cluster is connected)
     resolved = resolve_privacy(privacy, loop, n, local, pre_training, sensitivity_caveat, None)
     noise = NoiseSource(loop.noise_seed)
     ledger = open_ledger(mechanisms.build(resolved.privacy),
-                         SetupOptions(pre_training=tuple(pre_training), not_private_reason=sensitivity_caveat))
+                         SetupOptions(pre_training=tuple(pre_training), not_private_reason=sensitivity_caveat,
+                                      unit=unit))
     event, _ = step_event_of(resolved.plan, resolved.q)
     planned, stop_reason = plan_steps(ledger, event, loop, resolved)
     features = {name: np.asarray(arrays[name]) for name in feature_names}
@@ -122,14 +136,16 @@ def train_on_cluster(cluster: str, build_model: Callable[[], tf.keras.Model],
     dense = None if loop.dense_optimizer == "sgd" else (
         lambda: make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate))
     run = cluster_run.ClusterRun(request, planned, loop.batch_size, loop.learning_rate, noise_seed=loop.noise_seed,
-                                 log_every=loop.log_every, dense_optimizer=dense)
-    done = cluster_run.train_on_cluster(run, build_model, loss_for, features, labels, resolved.privacy, ledger)
+                                 log_every=loop.log_every, dense_optimizer=dense, unit=unit)
+    done = cluster_run.train_on_cluster(run, build_model, loss_for, features, labels, resolved.privacy, ledger,
+                                        user_ids=user_ids)
     step_time = done.step_ms * planned / 1000.0
     stats = StepStats(step_times=[done.step_ms / 1000.0], examples=planned * loop.batch_size, elapsed=step_time,
                       steady_examples=planned * loop.batch_size, steady_time=step_time)
     if done.executed_steps > planned:
         stop_reason += f"; {done.executed_steps - planned} retried step(s) after worker failures charged too"
-    result = finish(ledger, stats, resolved, done.optimizer, loop, 0, stop_reason, noise, tuple(pre_training))
+    result = finish(ledger, stats, resolved, done.optimizer, loop, 0, stop_reason, noise, tuple(pre_training), unit,
+                    n if unit.is_user_level else None)
     result = dataclasses.replace(result, planned_steps=loop.steps)
     log.info("cluster run: %d workers, %d servers, %d executed steps", done.workers, done.servers, done.executed_steps)
     return result, done.model

@@ -64,6 +64,11 @@ def check_user_level(unit: PrivacyUnitConfig, arrays: Mapping[str, np.ndarray], 
       and a ``tf.distribute`` strategy in scope (e.g. mirrored: replicas clip
       their own share of a user).
 
+    The one place the trainers refuse the user level, on one machine and on
+    parameter servers alike (:func:`trainers.lib.cluster.train_on_cluster`
+    calls it before connecting: a cluster step is one worker's batch of
+    whole users, clipped per user there, so the cluster adds no refusal).
+
     Example: ``check_user_level(PrivacyUnitConfig.user(5), {"cat": ..., "label": ...}, "poisson", loop)``
     raises ``ValueError: privacy_unit=user needs ... 'user' ...``.
     """

@@ -14,6 +14,7 @@ from scipy import stats
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.distribute.optimizer import ServerNoiseDPSGD
 from tfdp_sparse.mechanisms import build
+from tfdp_sparse.mechanisms.plans.dpsgd import DPSGDPlan
 
 from .helpers import LOSS, batch, cluster_model, cluster_step_fn, table_of
 
@@ -22,7 +23,7 @@ STD = SIGMA * CLIP * LR / BATCH
 
 MECHANISMS = {
     "dpsgd": lambda: build(PrivacyConfig(algorithm="dpsgd", noise_multiplier=SIGMA, l2_norm_clip=CLIP)),
-    "dpsgd_server": lambda: ServerNoiseDPSGD.of(noise_multiplier=SIGMA, l2_norm_clip=CLIP),
+    "dpsgd_server": lambda: ServerNoiseDPSGD(DPSGDPlan(noise_multiplier=SIGMA, l2_norm_clip=CLIP)),
     "eana": lambda: build(PrivacyConfig(algorithm="eana", noise_multiplier=SIGMA, l2_norm_clip=CLIP)),
     "lazydp": lambda: build(PrivacyConfig(algorithm="lazydp", noise_multiplier=SIGMA, l2_norm_clip=CLIP)),
 }
@@ -102,7 +103,7 @@ def test_server_noise_reaches_unsharded_and_untouched_tables(ps):
     strategy, coordinator = ps
     with strategy.scope(), fixed_shape_variables(64):
         model = _three_table_model()
-        mechanism = ServerNoiseDPSGD.of(noise_multiplier=SIGMA, l2_norm_clip=CLIP)
+        mechanism = ServerNoiseDPSGD(DPSGDPlan(noise_multiplier=SIGMA, l2_norm_clip=CLIP))
         optimizer = ShardedDPOptimizer(mechanism, learning_rate=LR, expected_batch_size=BATCH)
     recorder = optimizer.attach(model)
     mechanism.bind_model(model)

@@ -8,6 +8,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.distribute.optimizer import ServerNoiseDPSGD
 from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.mechanisms import build
+from tfdp_sparse.mechanisms.plans.dpsgd import DPSGDPlan
 from tfdp_sparse.step.train_step import private_train_step
 
 from .helpers import LOSS, batch, build_model, cluster_model, cluster_step_fn, copy_weights, local_step, table_of
@@ -30,7 +31,7 @@ MECHANISMS = {
     "adafest_plus": lambda: build(PrivacyConfig(
         algorithm="adafest_plus", noise_multiplier=0.0, l2_norm_clip=CLIP,
         extra=(("kept_ids", (KEPT,)), ("tau", 0.5), ("sigma1", 1e-6), ("sigma2", 0.0), ("C1", 1.0)))),
-    "dpsgd_server": lambda: ServerNoiseDPSGD.of(noise_multiplier=0.0, l2_norm_clip=CLIP),
+    "dpsgd_server": lambda: ServerNoiseDPSGD(DPSGDPlan(noise_multiplier=0.0, l2_norm_clip=CLIP)),
 }
 
 
@@ -91,3 +92,42 @@ def test_weight_regularizers_apply_as_on_one_machine(ps):
     np.testing.assert_allclose(table_of(model), table_of(reference), rtol=0, atol=1e-6)
     np.testing.assert_allclose(model.get_layer("dense").kernel.numpy(), reference.get_layer("dense").kernel.numpy(),
                                rtol=0, atol=1e-6)
+
+
+def _adaptive(algorithm: str):
+    """A bound far below the norms (it grows) and a count noise of 1e-9 (both sides move it alike)."""
+    from tfdp_sparse.accounting.quantile_clipping import QuantileClipping
+
+    spec = QuantileClipping(count_stddev=1e-9, learning_rate=0.5).for_units(BATCH)
+    return lambda: build(PrivacyConfig(algorithm=algorithm, noise_multiplier=0.0, l2_norm_clip=CLIP / 10,
+                                       quantile_clipping=spec))
+
+
+@pytest.mark.parametrize("algorithm", ["dpsgd", "lazydp"])
+def test_adaptive_clipping_on_the_cluster_equals_one_machine(ps, algorithm):
+    """Adaptive clipping runs in the cluster's step core: the same bound moves and the same tables, step by step."""
+    strategy, coordinator = ps
+    reference = build_model(VOCAB, DIM)
+    model, mechanism, optimizer, recorder = cluster_model(strategy, VOCAB, DIM, _adaptive(algorithm), LR, BATCH)
+    copy_weights(reference, model)
+    local_mech = _adaptive(algorithm)()
+    local_opt = DPOptimizer(local_mech, learning_rate=LR, expected_batch_size=BATCH)
+    local_recorder = local_opt.attach(reference)
+    local_mech.bind_model(reference)
+
+    @tf.function(autograph=False)
+    def local(x, y):
+        local_recorder.clear()
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, reference(x, training=True))
+        local_opt.private_step(loss, reference.trainable_variables, tape)
+
+    step = cluster_step_fn(strategy, model, optimizer, recorder)
+    for seed in range(3):
+        features, labels = batch(VOCAB, BATCH, seed=10 + seed)
+        local(tf.constant(features), tf.constant(labels))
+        coordinator.schedule(step, args=(tf.constant(features), tf.constant(labels)))
+        coordinator.join()
+        np.testing.assert_allclose(table_of(model), table_of(reference), rtol=0, atol=1e-6)
+        assert mechanism.clip_norm_now() == pytest.approx(local_mech.clip_norm_now(), rel=1e-5)
+    assert local_mech.clip_norm_now() > CLIP / 10 * 1.5  # the bound moved

@@ -25,6 +25,7 @@ from tfdp_sparse.distribute.strategy import fixed_shape_variables
 from tfdp_sparse.distribute.training import ClusterTrainer, IndexedExamples
 from tfdp_sparse.distribute.traffic import TrafficSnapshot
 from tfdp_sparse.mechanisms import build
+from tfdp_sparse.mechanisms.plans.dpsgd import DPSGDPlan
 from tfdp_sparse.noise_source import NoiseSource
 
 from .helpers import IDS, LOSS, build_model
@@ -38,7 +39,7 @@ MECHANISMS = {
     "eana": lambda: build(PrivacyConfig(algorithm="eana")),
     "adafest": lambda: build(PrivacyConfig(algorithm="adafest", extra=(("tau", 8.0), ("sigma1", 2.0), ("C1", 1.0)))),
     "lazydp": lambda: build(PrivacyConfig(algorithm="lazydp")),
-    "dpsgd_server": lambda: ServerNoiseDPSGD.of(noise_multiplier=1.0, l2_norm_clip=1.0),
+    "dpsgd_server": lambda: ServerNoiseDPSGD(DPSGDPlan(noise_multiplier=1.0, l2_norm_clip=1.0)),
     "dpsgd_worker": lambda: build(PrivacyConfig(algorithm="dpsgd")),
 }
 

@@ -82,3 +82,20 @@ def test_the_command_line_prints_the_table_and_the_choice(capsys):
     main(["--num_units", "20000", "--target_epsilon", "1"])
     out = capsys.readouterr().out
     assert "<- chosen" in out and '"batch_size": 256' in out and NO_PRIVACY_COST in out
+
+
+def test_the_user_level_floor_of_steps_is_divided_by_k():
+    """A step of B users reads up to k examples of each: the floor of steps is 500 / k (planner rule 1)."""
+    from tfdp_sparse.planner import min_steps_for
+    from tfdp_sparse.privacy_unit import PrivacyUnitConfig
+    from trainers.lib.config import LoopConfig
+    from trainers.lib.planning import planned_loop
+
+    assert min_steps_for(5) == 100 and min_steps_for(1) == 500
+    example_level = plan_training(4_000, 8.0, compute_examples=40_000)
+    user_level = plan_training(4_000, 8.0, compute_examples=40_000, min_steps=min_steps_for(5))
+    assert example_level.chosen.batch_size == 64 and user_level.chosen.batch_size == 256
+    loop, plan = planned_loop(LoopConfig(16, 10, 1.0), 8.0, None, 4_000, 10.0, PrivacyUnitConfig.user(5))
+    assert plan == user_level and (loop.batch_size, loop.steps) == (256, 156)
+    with pytest.raises(ValueError, match="max_examples_per_unit"):
+        min_steps_for(0)

@@ -9,7 +9,9 @@ The rule (written down so that it can be checked):
 1. Candidates: batch sizes ``B = 2^k`` from 16 up to ``N / 4`` (a sampling
    rate of at most 1/4), with ``T = compute / B`` steps, kept when
    ``T >= min_steps`` (500 by default: too few steps and SGD cannot
-   converge, whatever the noise); the six largest are examined (in every
+   converge, whatever the noise; at the user level ``500 / k``,
+   :func:`min_steps_for`, since a step reads up to ``k`` examples of each
+   user); the six largest are examined (in every
    setting tried, the score falls as B grows, so smaller batches never won).
    Measured (pCTR model, DP-SGD, ε = 1, N = 20,000, 10 epochs): B = 1024
    with 195 steps reached AUC 0.592 (0.632 with the learning rate × 4),
@@ -118,8 +120,28 @@ def _check(num_units: int, target_epsilon: float, compute_examples: int, min_ste
         raise ValueError(f"min_steps must be a positive integer, got {min_steps!r}")
 
 
+#: The floor of steps at the example level (module doc, rule 1).
+MIN_STEPS = 500
+
+
+def min_steps_for(max_examples_per_unit: int = 1) -> int:
+    """The floor of steps for units of up to ``k`` examples: ``ceil(MIN_STEPS / k)``.
+
+    The floor exists because rows learn only at the steps that read them (rule 1); a step of ``B`` users
+    reads up to ``k`` examples of each, as many rows as ``k`` example-level steps of ``B``. Measured (dual
+    encoder at the user level, k = 5, 4,000 users, 10 epochs, ε = 8): the example-level floor left batches of
+    64 users and 625 steps, recall@10 0.019; 256 users and 156 steps reached 0.105 (docs/results/defaults_table.md).
+
+    >>> min_steps_for(1), min_steps_for(5), min_steps_for(3)
+    (500, 100, 167)
+    """
+    if isinstance(max_examples_per_unit, bool) or not isinstance(max_examples_per_unit, int) or max_examples_per_unit < 1:
+        raise ValueError(f"max_examples_per_unit must be a positive integer, got {max_examples_per_unit!r}")
+    return -(-MIN_STEPS // max_examples_per_unit)
+
+
 def plan_training(num_units: int, target_epsilon: float, delta: Optional[float] = None, *,
-                  compute_examples: Optional[int] = None, min_steps: int = 500) -> TrainingPlan:
+                  compute_examples: Optional[int] = None, min_steps: int = MIN_STEPS) -> TrainingPlan:
     """The plan for ``num_units`` units at (``target_epsilon``, ``delta``) within ``compute_examples``.
 
     ``delta`` defaults to :func:`tfdp_sparse.accounting.default_delta` of N;

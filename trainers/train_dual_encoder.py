@@ -377,7 +377,7 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
     if run.plan_epochs is not None:
         n = len(np.unique(train["user"])) if run.unit.is_user_level else len(train["label"])
         loop, plan = planning.planned_loop(run.loop, run.privacy.target_epsilon, run.privacy.delta, n,
-                                           run.plan_epochs)
+                                           run.plan_epochs, run.unit)
         run, info = dataclasses.replace(run, loop=loop), {**info, "planner": plan.describe()}
     model, result = train_model(run, train, num_rows)
     quality = dual_encoder.evaluate_retrieval(model, evaluation)

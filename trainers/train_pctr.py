@@ -297,7 +297,8 @@ def train_and_evaluate(run: PctrRun) -> dict:
     if run.plan_epochs is not None:
         if run.streaming_periods is not None:
             raise ValueError("--streaming_periods needs --batch_size and --epochs (the planner plans one run)")
-        loop, plan = planning.planned_loop(loop, run.privacy.target_epsilon, run.privacy.delta, n, run.plan_epochs)
+        loop, plan = planning.planned_loop(loop, run.privacy.target_epsilon, run.privacy.delta, n, run.plan_epochs,
+                                           run.unit)
         info = {**info, "planner": plan.describe()}
     elif run.epochs is not None and run.streaming_periods is None:
         loop = dataclasses.replace(loop, steps=periods.steps_for_epochs(run.epochs, n, loop.batch_size))

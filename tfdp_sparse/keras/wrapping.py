@@ -37,7 +37,7 @@ from tfdp_sparse.keras.private_model_keras3 import Keras3PrivateModel
 from tfdp_sparse.keras.private_setup import RunShape, SelectionCounts, SetupOptions, prepare_private
 from tfdp_sparse.keras_stack import is_keras_3, sublayers
 from tfdp_sparse.mechanisms.base import Mechanism
-from tfdp_sparse.planner import TrainingPlan, plan_training
+from tfdp_sparse.planner import TrainingPlan, min_steps_for, plan_training
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 log = logging.getLogger("tfdp_sparse.keras")
@@ -147,7 +147,9 @@ def _plan(privacy, target_epsilon: Optional[float], delta: Optional[float], epoc
     units = num_users if unit.is_user_level else num_examples
     if units is None:
         raise ValueError("the planner at the user level needs num_users")
-    plan = plan_training(int(units), float(target), delta, compute_examples=int(units) * (epochs or 10))
+    k = unit.max_examples_per_user if unit.is_user_level else 1
+    plan = plan_training(int(units), float(target), delta, compute_examples=int(units) * (epochs or 10),
+                         min_steps=min_steps_for(k))
     log.info("planner (no batch_size given):\n%s", plan.table())
     return plan
 

@@ -25,7 +25,8 @@ from typing import Optional
 
 from absl import flags
 
-from tfdp_sparse.planner import TrainingPlan, plan_training
+from tfdp_sparse.planner import TrainingPlan, min_steps_for, plan_training
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers.lib.config import LoopConfig
 
 log = logging.getLogger("tfdp_sparse.train")
@@ -45,9 +46,11 @@ def planner_epochs(fv: flags.FlagValues) -> Optional[float]:
 
 
 def planned_loop(loop: LoopConfig, target_epsilon: float, delta: Optional[float], num_units: int,
-                 epochs: float) -> tuple[LoopConfig, TrainingPlan]:
-    """``loop`` with the planner's batch size and steps for ``num_units`` units and ``epochs`` of compute."""
+                 epochs: float, unit: PrivacyUnitConfig = PrivacyUnitConfig()) -> tuple[LoopConfig, TrainingPlan]:
+    """``loop`` with the planner's batch size and steps for ``num_units`` units and ``epochs`` of compute
+    (at the user level the floor of steps is :func:`~tfdp_sparse.planner.min_steps_for` the cap ``k``)."""
+    k = unit.max_examples_per_user if unit.is_user_level else 1
     plan = plan_training(int(num_units), float(target_epsilon), delta,
-                         compute_examples=max(1, int(round(epochs * num_units))))
+                         compute_examples=max(1, int(round(epochs * num_units))), min_steps=min_steps_for(k))
     log.info("planner (no --batch_size or --steps given):\n%s", plan.table())
     return dataclasses.replace(loop, batch_size=plan.chosen.batch_size, steps=plan.chosen.steps), plan

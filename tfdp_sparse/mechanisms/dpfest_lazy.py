@@ -16,7 +16,7 @@ Rows outside the kept set never change (as in eager DP-FEST) and never owe
 noise: their history holds :data:`~.lazydp_sharded.NEVER_OWES`, written once,
 on the first step (or flush) after the kept sets exist. Everything else is
 LazyDP's machinery (except that a catch-up draws only for the read rows that
-owe noise, :meth:`LazyDPFEST._owing_rows`, since most rows a batch reads are
+owe noise, :meth:`KeptCatchUp.owing_rows`, since most rows a batch reads are
 outside the kept set): the read hooks on ``DPEmbedding`` and on hooked
 tables (keras-rs ``DistributedEmbedding``, :mod:`tfdp_sparse.layers.read_hooks`),
 the inference-read flush, the SavedModel and export refusals
@@ -33,7 +33,8 @@ through ``DPEmbedding`` or hooked (keras-rs ``DistributedEmbedding``). Accountin
 
 Example::
 
-    mech = LazyDPFEST.of(noise_multiplier=1.0, l2_norm_clip=1.0, k=1000, kept_ids=[ids])
+    mech = DPFEST(noise_multiplier=1.0, l2_norm_clip=1.0, k=1000, kept_ids=[ids], kept_noise="lazy")
+    # tfdp_sparse.mechanisms.DPFEST: a LazyDPFESTRule here
     mech.bind_model(model)                         # selection and read hooks
     opt = DPOptimizer(mech, learning_rate=0.1, expected_batch_size=256)
     ...train...
@@ -48,48 +49,39 @@ import tensorflow as tf
 from tfdp_sparse.distribute.shards import is_sharded
 from tfdp_sparse.mechanisms.adafest_plus import to_domain_positions
 from tfdp_sparse.mechanisms.base import Noise, StepGrads, sum_duplicates
-from tfdp_sparse.mechanisms.dpfest import DPFEST, DPFESTRule
-from tfdp_sparse.mechanisms.lazydp import LazyDP
-from tfdp_sparse.mechanisms.lazydp_catchup import _no_autograph
-from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, history_rows
+from tfdp_sparse.mechanisms.dpfest import DPFESTRule, EagerDPFESTRule
+from tfdp_sparse.mechanisms.lazydp import LazyDPRule
+from tfdp_sparse.mechanisms.lazydp_catchup import CatchUp, _no_autograph
+from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, ShardedTables, history_rows
+from tfdp_sparse.mechanisms.lazydp_state import LazyState, NoiseSettings
 from tfdp_sparse.mechanisms.plans.dpfest import DPFESTPlan, KeptNoise
-from tfdp_sparse.mechanisms.tables import variable_device, variable_key
+from tfdp_sparse.mechanisms.tables import variable_device
 from tfdp_sparse.xla import in_xla_context
 
 
-class LazyDPFEST(DPFESTRule, LazyDP):
-    """DP-FEST whose kept rows receive their noise when read (module doc; arguments: :class:`DPFESTRule`)."""
+class KeptCatchUp(CatchUp):
+    """LazyDP's catch-up over the same :class:`~.lazydp_state.LazyState`, restricted to the kept rows.
 
-    KEPT_NOISE = KeptNoise.LAZY
+    Draws only for read rows that owe noise (rows outside the kept set hold ``NEVER_OWES``), flushes
+    the kept rows only, and marks the rows outside each table's kept set once (``state.kept_marked``).
+    ``selection``: the rule's :class:`~tfdp_sparse.selection.BucketSelection` (the kept sets).
+    """
 
-    def _init_rule_state(self) -> None:
-        """LazyDP's state, and per bound table whether its rows outside the kept set are marked."""
-        self._init_lazy_state()
-        self._kept_marked: list[tf.Variable] = []
+    def __init__(self, state: LazyState, noise: NoiseSettings, servers: ShardedTables, selection):
+        super().__init__(state, noise, servers)
+        self.selection = selection
 
-    aggregate = property(lambda self: True, doc="One draw for all skipped steps of a row (always).")
-    dense_fallback = property(lambda self: False, doc="Plain Keras tables are refused (use kept_noise=eager).")
-
-    def bind_model(self, model) -> None:
-        """Binds the selection (tables -> features) and LazyDP's read hooks; see both ``bind_model``."""
-        self.selection.bind_model(model)
-        LazyDP.bind_model(self, model)
-        for history in self._histories[len(self._kept_marked):]:
+    def add_kept_marks(self) -> None:
+        """A ``kept_marked`` flag (False) for each table bound since the last call."""
+        state = self.state
+        for history in state.histories[len(state.kept_marked):]:
             with tf.init_scope(), tf.device(variable_device(history)):
-                self._kept_marked.append(tf.Variable(False, trainable=False, name="dpfest_kept_marked"))
-
-    def _bind_keras_embedding(self, layer) -> None:
-        raise ValueError(
-            f"layer {layer.name!r} is a tf.keras.layers.Embedding: DP-FEST with kept_noise=lazy catches kept "
-            "rows up when they are read, which only tfdp_sparse.layers.DPEmbedding and hooked tables (keras-rs) "
-            "report. Use DPEmbedding, "
-            "or kept_noise=eager (every kept row noised at every step)"
-        )
+                state.kept_marked.append(tf.Variable(False, trainable=False, name="dpfest_kept_marked"))
 
     @_no_autograph
-    def _mark_outside_kept(self, i: int, kept: tf.Tensor) -> tf.Tensor:
+    def mark_outside_kept(self, i: int, kept: tf.Tensor) -> tf.Tensor:
         """Once per table: every row outside ``kept`` gets history ``NEVER_OWES`` (kept rows keep theirs)."""
-        history, flag = self._histories[i], self._kept_marked[i]
+        history, flag = self.state.histories[i], self.state.kept_marked[i]
 
         def mark():
             saved = history_rows(history, kept)
@@ -103,16 +95,89 @@ class LazyDPFEST(DPFESTRule, LazyDP):
 
         return tf.cond(flag, lambda: tf.constant(False), mark)
 
+    def owes(self, last: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+        """The read rows that owe noise: most rows a batch reads are outside the kept set (``NEVER_OWES``)."""
+        return last < k
+
+    def owing_rows(self, ids: tf.Tensor, last: tf.Tensor, k: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Only the read rows that owe noise (:meth:`owes`).
+
+        Example: ids ``[4, 7, 9]``, last ``[2, NEVER_OWES, 3]``, ``k = 3`` -> ``([4], [2])``.
+        """
+        owes = self.owes(last, k)
+        return tf.boolean_mask(ids, owes), tf.boolean_mask(last, owes)
+
+    @_no_autograph
+    def flush_table(self, i: int):
+        """Catches the ``k`` kept rows of table ``i`` up (the other rows owe nothing)."""
+        table, history = self.state.tables.variables[i], self.state.histories[i]
+        if not self.selection.is_selected and self.selection.is_private:
+            return tf.no_op()  # no kept set, so no step has run: nothing is owed
+        kept = self.selection.kept_of(table)
+        k = self.state.completed()
+        with tf.control_dependencies([self.mark_outside_kept(i, kept)]):
+            last = history_rows(history, kept)
+        noise = self.deferred_noise(last, k, tf.stack([tf.size(kept), int(table.shape[1])]), self.scale())
+        written = table.scatter_sub(tf.IndexedSlices(noise, kept, tf.constant(table.shape.as_list(), tf.int64)))
+        with tf.control_dependencies([written]):
+            marked = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), kept))
+            flushed = self.state.flushed_at[i].assign(tf.cast(k, tf.int64))
+        return tf.group(written, marked, flushed)
+
+    @_no_autograph
+    def reset(self) -> None:
+        """LazyDP's reset, and the rows outside the kept sets are marked again at the next step."""
+        super().reset()
+        for flag in self.state.kept_marked:
+            flag.assign(False)
+
+
+def _keras_embedding_refused(layer) -> str:
+    return (
+        f"layer {layer.name!r} is a tf.keras.layers.Embedding: DP-FEST with kept_noise=lazy catches kept "
+        "rows up when they are read, which only tfdp_sparse.layers.DPEmbedding and hooked tables (keras-rs) "
+        "report. Use DPEmbedding, "
+        "or kept_noise=eager (every kept row noised at every step)"
+    )
+
+
+class LazyDPFESTRule(DPFESTRule, LazyDPRule):
+    """DP-FEST whose kept rows receive their noise when read (module doc; arguments: :class:`DPFESTRule`).
+
+    Composes LazyDP's state (with ``kept_marked``) and collaborators, its catch-up being a
+    :class:`KeptCatchUp`; LazyDP's step keeps the touched kept rows only (:meth:`_rows_to_noise`).
+    """
+
+    KEPT_NOISE = KeptNoise.LAZY
+
+    def _init_rule_state(self) -> None:
+        """LazyDP's state with, per bound table, whether its rows outside the kept set are marked."""
+        self._compose(LazyState(kept_marks=True))
+
+    def _new_catch_up(self, state: LazyState, settings: NoiseSettings, servers: ShardedTables) -> CatchUp:
+        return KeptCatchUp(state, settings, servers, self.selection)
+
+    _keras_embedding_refusal = staticmethod(_keras_embedding_refused)
+
+    aggregate = property(lambda self: True, doc="One draw for all skipped steps of a row (always).")
+    dense_fallback = property(lambda self: False, doc="Plain Keras tables are refused (use kept_noise=eager).")
+
+    def bind_model(self, model) -> None:
+        """Binds the selection (tables -> features) and LazyDP's read hooks; see both ``bind_model``."""
+        self.selection.bind_model(model)
+        LazyDPRule.bind_model(self, model)
+        self.catch_up.add_kept_marks()
+
     def _noised_domains(self, step: StepGrads) -> list:
         """The kept ids per table (after the once-only marking), ``None`` for other variables."""
         kept = self.selection.kept_sets(step.variables, step.is_table)
         out = []
         for var, ids in zip(step.variables, kept):
-            i = self._tables.index.get(variable_key(var))
+            i = self.lazy_state.tables.position(var)
             if ids is None or i is None:
                 out.append(ids)
                 continue
-            with tf.control_dependencies([self._mark_outside_kept(i, ids)]):
+            with tf.control_dependencies([self.catch_up.mark_outside_kept(i, ids)]):
                 out.append(tf.identity(ids))
         return out
 
@@ -129,50 +194,16 @@ class LazyDPFEST(DPFESTRule, LazyDP):
             return ids, tf.where(kept[:, tf.newaxis], summed, tf.zeros_like(summed))
         return tf.boolean_mask(ids, kept), tf.boolean_mask(summed, kept)
 
-    def _owes(self, last: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
-        """The read rows that owe noise: most rows a batch reads are outside the kept set (``NEVER_OWES``)."""
-        return last < k
 
-    def _owing_rows(self, ids: tf.Tensor, last: tf.Tensor, k: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Only the read rows that owe noise (:meth:`_owes`).
+def dpfest_rule(plan: DPFESTPlan, noise: Noise = None) -> DPFESTRule:
+    """The rule registered for ``"dpfest"`` (:mod:`tfdp_sparse.mechanisms.builtin`), called as ``rule(plan, noise)``:
+    :class:`~tfdp_sparse.mechanisms.dpfest.EagerDPFESTRule` for eager kept noise, :class:`LazyDPFESTRule` for lazy.
 
-        Example: ids ``[4, 7, 9]``, last ``[2, NEVER_OWES, 3]``, ``k = 3`` -> ``([4], [2])``.
-        """
-        owes = self._owes(last, k)
-        return tf.boolean_mask(ids, owes), tf.boolean_mask(last, owes)
-
-    @_no_autograph
-    def _flush_table(self, i: int):
-        """Catches the ``k`` kept rows of table ``i`` up (the other rows owe nothing)."""
-        table, history = self._tables.variables[i], self._histories[i]
-        if not self.selection.is_selected and self.selection.is_private:
-            return tf.no_op()  # no kept set, so no step has run: nothing is owed
-        kept = self.selection.kept_of(table)
-        k = self._completed()
-        with tf.control_dependencies([self._mark_outside_kept(i, kept)]):
-            last = history_rows(history, kept)
-        noise = self._deferred_noise(last, k, tf.stack([tf.size(kept), int(table.shape[1])]), self._scale())
-        written = table.scatter_sub(tf.IndexedSlices(noise, kept, tf.constant(table.shape.as_list(), tf.int64)))
-        with tf.control_dependencies([written]):
-            marked = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), kept))
-            flushed = self._flushed_at[i].assign(tf.cast(k, tf.int64))
-        return tf.group(written, marked, flushed)
-
-    @_no_autograph
-    def reset_state(self) -> None:
-        """LazyDP's reset, and the rows outside the kept sets are marked again at the next step."""
-        LazyDP.reset_state(self)
-        for flag in self._kept_marked:
-            flag.assign(False)
-
-
-def rule_for(plan: DPFESTPlan, noise: Noise = None) -> DPFESTRule:
-    """DP-FEST's registered rule: :class:`~tfdp_sparse.mechanisms.dpfest.DPFEST` for eager kept noise,
-    :class:`LazyDPFEST` for lazy.
-
-    It lives here, beside both rules, so that ``dpfest`` need not import this module back.
-    Example: ``rule_for(DPFESTPlan(..., kept_noise=KeptNoise.LAZY), 0)`` -> a ``LazyDPFEST``.
+    Its one role is that dispatch on ``plan.kept_noise`` (users call :func:`tfdp_sparse.mechanisms.DPFEST`,
+    configs :func:`tfdp_sparse.mechanisms.build`). It lives here, beside both rules, so that ``dpfest``
+    need not import this module back.
+    Example: ``dpfest_rule(DPFESTPlan(..., kept_noise=KeptNoise.LAZY), 0)`` -> a ``LazyDPFESTRule``.
     """
     if plan.kept_noise is KeptNoise.LAZY:
-        return LazyDPFEST(plan, noise)
-    return DPFEST(plan, noise)
+        return LazyDPFESTRule(plan, noise)
+    return EagerDPFESTRule(plan, noise)

@@ -1,4 +1,4 @@
-"""LazyDP's deferred noise: catch-up on read, flush, and the pending-noise checks (split from :mod:`.lazydp`).
+"""LazyDP's deferred noise: catch-up on read, flush, and the pending-noise checks (:class:`CatchUp`).
 
 A row read at step ``t`` whose noise is applied up to ``last[r]`` receives
 ``(sigma C / B) * N(0, sum_{s=last[r]+1}^{t-1} eta_s^2 I_d)`` first (Lim et
@@ -6,9 +6,11 @@ al., ASPLOS'24, §5.2.1 lazy update and §5.2.2 aggregated sampling); a flush
 does so for every row, in blocks. All draws come from the mechanism's
 generator.
 
-The step ``k`` rows are caught up to and the rates ``eta_s`` are the
-mechanism's own record (``completed_steps`` and ``lr_sq_cumsum``), written by
-:meth:`LazyDP.apply <tfdp_sparse.mechanisms.lazydp.LazyDP.apply>` from the
+:class:`CatchUp` receives the deferred-noise state explicitly (a
+:class:`~tfdp_sparse.mechanisms.lazydp_state.LazyState`). The step ``k`` rows
+are caught up to and the rates ``eta_s`` are that state's record
+(``completed_steps`` and ``lr_sq_cumsum``), written by
+:meth:`LazyDPRule.apply <tfdp_sparse.mechanisms.lazydp.LazyDPRule.apply>` from the
 optimizer's :class:`~tfdp_sparse.mechanisms.step_context.StepContext`; the
 read hooks of the next forward pass read that record, never an optimizer.
 
@@ -27,9 +29,9 @@ from typing import Optional
 import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded, split_ids
-from tfdp_sparse.mechanisms.lazydp_replicas import replica_catch_up_needed
-from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, history_rows, owed_std
-from tfdp_sparse.mechanisms.tables import variable_key
+from tfdp_sparse.mechanisms.lazydp_replicas import replica_catch_up, replica_catch_up_needed
+from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, ShardedTables, history_rows, owed_std
+from tfdp_sparse.mechanisms.lazydp_state import LazyState, NoiseSettings
 from tfdp_sparse.xla import fill_empty, in_xla_context
 
 try:  # private, stable across TF 2.x: tells SavedModel tracing apart from training
@@ -105,7 +107,7 @@ def _record_rate(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
 def _record_rate_compiled(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
     """:func:`_record_rate` in a step compiled by XLA, which cannot grow ``cum``: fails closed when it is full.
 
-    The drivers reserve room before compiled steps (:meth:`LazyCatchUp.reserve_steps`). A step past the
+    The drivers reserve room before compiled steps (:meth:`CatchUp.reserve_steps`). A step past the
     room (a loop of the user's that did not reserve) writes NaN as the last rate sum: every later
     catch-up draws NaN noise, so the tables become NaN. A model ruined that way reveals nothing; a
     clamped or dropped write would have under-noised rows silently. (XLA drops ``tf.debugging``
@@ -128,63 +130,71 @@ STEP_MISMATCH = (
 )
 
 
-class LazyCatchUp:
-    """Mixin of :class:`~tfdp_sparse.mechanisms.lazydp.LazyDP`: deferred noise and its checks."""
+class CatchUp:
+    """LazyDP's deferred noise over a :class:`~.lazydp_state.LazyState`: catch-up reads, flush, pending checks.
 
-    def _scale(self) -> float:
+    Receives the state, the noise settings and the parameter-server side
+    (:class:`~.lazydp_sharded.ShardedTables`, for sharded tables' server-side catch-up); the rule
+    registers :meth:`catch_up_hook` and :meth:`inference_hook` on the tables (through
+    :class:`~.lazydp_binding.TableBinding`) and delegates its hooks (``flush``, ``has_pending``, ...) here.
+    Lazy DP-FEST's catch-up (:class:`~.dpfest_lazy.KeptCatchUp`) overrides which rows owe
+    (:meth:`owes`, :meth:`owing_rows`) and what a flush touches (:meth:`flush_table`).
+
+    Example: ``CatchUp(state, settings, ShardedTables(state, settings)).flush()``.
+    """
+
+    def __init__(self, state: LazyState, noise: NoiseSettings, servers: ShardedTables):
+        self.state = state
+        self.noise = noise
+        self.servers = servers
+
+    def scale(self) -> float:
         """sigma C / B: the std of one step's noise on a row, per unit learning rate."""
-        if self._expected_batch_size is None:
+        if self.state.expected_batch_size is None:
             raise ValueError(
                 "LazyDP needs the expected batch size B before it can catch rows up: construct "
                 "DPOptimizer(mechanism=<this LazyDP>, expected_batch_size=B) first (it calls check_optimizer)"
             )
-        return self.noise_multiplier * self.l2_norm_clip / self._expected_batch_size
+        return self.noise.noise_multiplier * self.noise.l2_norm_clip / self.state.expected_batch_size
 
-    def _completed(self) -> tf.Tensor:
-        """``k``: the steps this mechanism has applied (int32), the step reads catch rows up to."""
-        return tf.cast(self.completed_steps, tf.int32)
-
-    def _knows_batch(self) -> bool:
-        return self._expected_batch_size is not None
-
-    def _record_learning_rate(self, learning_rate: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+    def record_learning_rate(self, learning_rate: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
         """``lr_sq_cumsum[step] = lr_sq_cumsum[step - 1] + eta_step^2`` (grows by doubling), and its copies."""
         lr = tf.cast(learning_rate, tf.float64)
-        written = [_record_rate(cum, lr, step) for cum in [self.lr_sq_cumsum, *self._rate_copies]]
+        written = [_record_rate(cum, lr, step) for cum in self.state.rate_records()]
         with tf.control_dependencies(written):
             return tf.identity(written[0])
 
-    def _deferred_noise(self, last: tf.Tensor, k: tf.Tensor, shape, scale: float) -> tf.Tensor:
+    def deferred_noise(self, last: tf.Tensor, k: tf.Tensor, shape, scale: float) -> tf.Tensor:
         """Noise owed by rows whose noise is applied up to ``last`` when caught up to ``k``.
 
         Sign-free: it is subtracted (the update is ``-eta/B * noise``).
         """
-        cum = self.lr_sq_cumsum
-        if self.aggregate:
+        cum, rng = self.state.lr_sq_cumsum, self.noise.rng
+        if self.noise.aggregate:
             std = owed_std(cum, last, k) * scale
-            return self.rng.normal(shape, dtype=tf.float32) * std[:, tf.newaxis]
+            return rng.normal(shape, dtype=tf.float32) * std[:, tf.newaxis]
         start = tf.reduce_min(tf.concat([last, tf.reshape(k, [1])], axis=0))
 
         def body(s, acc):
             eta = tf.cast(tf.sqrt(tf.maximum(tf.gather(cum, s) - tf.gather(cum, s - 1), 0.0)), tf.float32)
             owes = tf.cast(last < s, tf.float32)[:, tf.newaxis]
-            return s + 1, acc + self.rng.normal(shape, dtype=tf.float32) * (eta * owes)
+            return s + 1, acc + rng.normal(shape, dtype=tf.float32) * (eta * owes)
 
         _, total = tf.while_loop(lambda s, _: s <= k, body, (start + 1, tf.zeros(shape, tf.float32)))
         return total * scale
 
-    def _table_pending(self, i: int) -> tf.Tensor:
-        """Exact: some row of table ``i`` is behind the mechanism's completed steps."""
-        return tf.reduce_min(self._histories[i]) < self._completed()
+    def table_pending(self, i: int) -> tf.Tensor:
+        """Exact: some row of table ``i`` is behind the state's completed steps."""
+        return tf.reduce_min(self.state.histories[i]) < self.state.completed()
 
     def _refuse_export_if_pending(self, i: int) -> None:
-        if self.noise_multiplier == 0:
+        if self.noise.noise_multiplier == 0:
             return
         with tf.init_scope():
-            pending = bool(self._table_pending(i).numpy())
+            pending = bool(self.table_pending(i).numpy())
         if pending:
             raise _export_error_type()(
-                f"refusing to trace table {self._tables.names[i]!r} for a SavedModel: LazyDP has pending noise "
+                f"refusing to trace table {self.state.tables.names[i]!r} for a SavedModel: LazyDP has pending noise "
                 "on its rows (exporting it would reveal which rows were never touched); call "
                 "mechanism.flush() first (or tfdp_sparse.keras.lazy.ensure_flushed)"
             )
@@ -198,16 +208,16 @@ class LazyCatchUp:
         told the mechanism its batch size (nothing is owed before a step), and
         while a SavedModel is traced (which is refused first if rows still owe noise).
         """
-        i = self._tables.index.get(variable_key(table))
-        if i is None or self.noise_multiplier == 0:
+        i = self.state.tables.position(table)
+        if i is None or self.noise.noise_multiplier == 0:
             return None
         if _in_save_context():
             self._refuse_export_if_pending(i)
             return None
-        return i if self._knows_batch() else None
+        return i if self.state.knows_batch() else None
 
     @_no_autograph
-    def _catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor, shard_ids=None):
+    def catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor, shard_ids=None):
         """Training read: rows about to be read receive all their pending noise.
 
         ``shard_ids``: a sharded table's read passes its shard-local ids (:mod:`.lazydp_sharded`).
@@ -218,26 +228,26 @@ class LazyCatchUp:
         if replica_catch_up_needed(table):
             # mirrored replicas: once per global batch (:mod:`.lazydp_replicas`)
             _refuse_xla("the once-per-global-batch catch-up of mirrored replicas is not compiled")
-            return self._replica_catch_up(table, unique_ids)
-        if is_sharded(table) and self.aggregate:  # :mod:`.lazydp_sharded`: drawn and written on the servers
+            return replica_catch_up(self.state, table, unique_ids, self.owed_rows)
+        if is_sharded(table) and self.noise.aggregate:  # :mod:`.lazydp_sharded`: drawn and written on the servers
             if shard_ids is None:  # the caller reads the rows itself, after the writes
-                return self._server_catch_up(i, table, split_ids(unique_ids, table))[1]
-            return self._server_catch_up(i, table, shard_ids)[0]  # the layer's read: rows less owed noise
-        ids, noise = self.owed_rows(table, unique_ids, self._completed())
+                return self.servers.server_catch_up(i, table, split_ids(unique_ids, table), self.scale())[1]
+            return self.servers.server_catch_up(i, table, shard_ids, self.scale())[0]  # rows less owed noise
+        ids, noise = self.owed_rows(table, unique_ids, self.state.completed())
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
         return table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
 
-    def _owes(self, last: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
-        """Which read rows a catch-up draws for (bool, like ``last``): LazyDP, all of them (see :meth:`_owing_rows`)."""
+    def owes(self, last: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+        """Which read rows a catch-up draws for (bool, like ``last``): LazyDP, all of them (see :meth:`owing_rows`)."""
         del k
         return tf.ones_like(last, tf.bool)
 
-    def _owing_rows(self, ids: tf.Tensor, last: tf.Tensor, k: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def owing_rows(self, ids: tf.Tensor, last: tf.Tensor, k: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``(ids, last)`` of the read rows a catch-up draws for: LazyDP, all of them.
 
         Since a step's noise on its touched rows waits for their next read,
         nearly every row a step reads owes something, so selecting the owing
-        ones would cost more than it saves. DP-FEST's lazy rule overrides this.
+        ones would cost more than it saves. Lazy DP-FEST's catch-up overrides this.
         """
         del k
         return ids, last
@@ -251,17 +261,17 @@ class LazyCatchUp:
         through the update feature. Nothing is drawn when sigma is 0 or the
         table is not bound.
         """
-        i = self._tables.index.get(variable_key(table))
+        i = self.state.tables.position(table)
         width = int(table.shape[1])
-        if i is None or self.noise_multiplier == 0:
+        if i is None or self.noise.noise_multiplier == 0:
             return tf.zeros([0], tf.int64), tf.zeros([0, width], tf.float32)
         ids = tf.cast(unique_ids, tf.int64)
-        history = self._histories[i]
+        history = self.state.histories[i]
         k = tf.cast(completed_steps, tf.int32)
         if in_xla_context():
             return self._owed_slots(history, ids, k, width)
-        ids, last = self._owing_rows(ids, history_rows(history, ids), k)
-        noise = self._deferred_noise(last, k, tf.stack([tf.size(ids), width]), self._scale())
+        ids, last = self.owing_rows(ids, history_rows(history, ids), k)
+        noise = self.deferred_noise(last, k, tf.stack([tf.size(ids), width]), self.scale())
         with tf.control_dependencies([noise]):
             update = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))
         with tf.control_dependencies([update]):
@@ -278,15 +288,15 @@ class LazyCatchUp:
 
         Example: slots ``[3, 7, -1]``, ``k = 5`` -> ids ``[3, 7, 3]``, noise ``[n3, n7, 0]``.
         """
-        if not self.aggregate:
+        if not self.noise.aggregate:
             _refuse_xla("aggregate=False (one draw per skipped step, a benchmark baseline) loops over a "
                         "data-dependent number of steps")
         valid = slots >= 0
         any_valid = tf.reduce_any(valid)
         ids = fill_empty(slots, valid)
         last = history_rows(history, ids)
-        owes = valid & self._owes(last, k)
-        noise = self._deferred_noise(last, k, tf.stack([tf.size(ids), width]), self._scale())
+        owes = valid & self.owes(last, k)
+        noise = self.deferred_noise(last, k, tf.stack([tf.size(ids), width]), self.scale())
         noise = tf.where(owes[:, tf.newaxis], noise, tf.zeros_like(noise))
         with tf.control_dependencies([noise]):
             marked = tf.where(any_valid, tf.maximum(last, k), last)
@@ -304,23 +314,23 @@ class LazyCatchUp:
         steps = int(steps)
         if steps < 0:
             raise ValueError(f"reserve_steps({steps}): the number of steps must be >= 0")
-        need = int(self.completed_steps.numpy()) + steps + 1
-        for cum in [self.lr_sq_cumsum, *self._rate_copies]:
+        need = int(self.state.completed_steps.numpy()) + steps + 1
+        for cum in self.state.rate_records():
             size = int(cum.shape[0]) if cum.shape.is_fully_defined() else int(tf.shape(cum)[0].numpy())
             if cum.shape.is_fully_defined() or size >= need:
                 continue
             cum.assign(tf.concat([cum, tf.zeros([max(need, 2 * size) - size], tf.float64)], axis=0))
 
     @_no_autograph
-    def _inference_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
+    def inference_hook(self, table: tf.Variable, unique_ids: tf.Tensor):
         """Read outside training: flush the whole table first if it may owe noise."""
         i = self._hook_target(table)
         if i is None:
             return None
-        maybe_pending = self._flushed_at[i] < tf.cast(self.completed_steps, tf.int64)
+        maybe_pending = self.state.flushed_at[i] < tf.cast(self.state.completed_steps, tf.int64)
 
         def flush():
-            with tf.control_dependencies([self._flush_table(i)]):
+            with tf.control_dependencies([self.flush_table(i)]):
                 return tf.constant(True)
 
         return tf.cond(maybe_pending, flush, lambda: tf.constant(False))
@@ -328,14 +338,14 @@ class LazyCatchUp:
     # -- flush ---------------------------------------------------------------
 
     @_no_autograph
-    def _flush_table(self, i: int):
+    def flush_table(self, i: int):
         """Catches every row of table ``i`` up, in row blocks of ~16M values.
 
         Blocks keep the extra memory to one block of noise (a whole-table
         draw would add two table-sized temporaries: 5 GB at 1e7 x 64).
         """
-        table, history = self._tables.variables[i], self._histories[i]
-        k = self._completed()
+        table, history = self.state.tables.variables[i], self.state.histories[i]
+        k = self.state.completed()
         rows, width = int(table.shape[0]), int(table.shape[1])
         block = max(1, _FLUSH_BLOCK_VALUES // width)
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
@@ -344,95 +354,80 @@ class LazyCatchUp:
             stop = min(rows, start + block)
             with tf.control_dependencies(ops[-1:]):
                 last = history[start:stop]
-                noise = self._deferred_noise(last, k, [stop - start, width], self._scale())
+                noise = self.deferred_noise(last, k, [stop - start, width], self.scale())
                 ids = tf.range(start, stop, dtype=tf.int64)
                 ops.append(table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape)))
         with tf.control_dependencies(ops[-1:]):
             history_op = history.assign(tf.maximum(tf.convert_to_tensor(history), k))
-            flushed_op = self._flushed_at[i].assign(tf.cast(k, tf.int64))
+            flushed_op = self.state.flushed_at[i].assign(tf.cast(k, tf.int64))
         return tf.group(*ops, history_op, flushed_op)
 
     @_no_autograph
     def flush(self) -> None:
         """Applies all pending noise to every row of every bound table (one dense pass each).
 
-        Afterwards every row is caught up to the mechanism's completed steps
+        Afterwards every row is caught up to the state's completed steps
         (the optimizer's step count). Works eagerly and inside ``tf.function``.
-        Draws from ``rng``: a run that flushes at other steps has the same
+        Draws from the mechanism's generator: a run that flushes at other steps has the same
         distribution, not the same values. Before any optimizer told the
         mechanism its batch size no step has run and nothing is owed.
         """
-        if not self._knows_batch() or self.noise_multiplier == 0:
+        if not self.state.knows_batch() or self.noise.noise_multiplier == 0:
             return None
-        self._check_consistent()
-        for i in range(len(self._histories)):
-            self._flush_table(i)
+        self.check_consistent()
+        for i in range(len(self.state.histories)):
+            self.flush_table(i)
         return None
 
     def has_pending(self) -> bool:
         """True when some row of a bound table still owes noise (exact; reads the histories)."""
-        if self.noise_multiplier == 0:
+        if self.noise.noise_multiplier == 0:
             return False
-        self._check_consistent()
-        return any(bool(self._table_pending(i).numpy()) for i in range(len(self._histories)))
+        self.check_consistent()
+        return any(bool(self.table_pending(i).numpy()) for i in range(len(self.state.histories)))
 
     def pending_rows(self) -> dict:
         """``{table name: number of rows that owe noise}`` (for messages and tests)."""
         out = {}
-        for name, history in zip(self._tables.names, self._histories):
-            if self.noise_multiplier == 0:
+        for name, history in zip(self.state.tables.names, self.state.histories):
+            if self.noise.noise_multiplier == 0:
                 out[name] = 0
             else:
-                out[name] = int(tf.reduce_sum(tf.cast(history < self._completed(), tf.int64)).numpy())
+                out[name] = int(tf.reduce_sum(tf.cast(history < self.state.completed(), tf.int64)).numpy())
         return out
 
     @_no_autograph
-    def reset_state(self) -> None:
-        """Marks every row caught up at step 0 and clears the rate sum (graph-safe).
-
-        For repeated experiments that also reset the weights and
-        ``optimizer.iterations`` to 0 (tests, benchmarks); ``rng`` keeps
-        running, so repeats draw independent noise.
-        """
-        self.completed_steps.assign(tf.zeros_like(self.completed_steps))
-        for cum in [self.lr_sq_cumsum, *self._rate_copies]:
+    def reset(self) -> None:
+        """Marks every row caught up at step 0 and clears the rate sum (graph-safe; the rule's ``reset_state``)."""
+        state = self.state
+        state.completed_steps.assign(tf.zeros_like(state.completed_steps))
+        for cum in state.rate_records():
             cum.assign(tf.zeros_like(cum))
-        for history, flushed_at in zip(self._histories, self._flushed_at):
+        for history, flushed_at in zip(state.histories, state.flushed_at):
             history.assign(tf.zeros(history.shape, history.dtype))
             flushed_at.assign(tf.zeros_like(flushed_at))
 
     def resume_at(self, completed_steps: int) -> None:
-        """Sets the step record after restoring a checkpoint written before LazyDP kept one.
-
-        Such a checkpoint (no ``completed_steps`` variable) holds the
-        histories, the rate sum and the optimizer's ``iterations``; pass the
-        restored ``iterations``. Refuses a record that is already set to
-        another step (this mechanism has run or was restored with a record),
-        and a step below what the histories or the rate record say.
-
-        Example::
-
-            tf.train.Checkpoint(model=model, optimizer=opt, mechanism=mech).restore(old_path).expect_partial()
-            mech.resume_at(int(opt.iterations))
-        """
+        """Sets the step record after restoring a checkpoint written before LazyDP kept one (the rule's ``resume_at``)."""
         completed_steps = int(completed_steps)
-        current = int(self.completed_steps.numpy())
+        record = self.state.completed_steps
+        current = int(record.numpy())
         if current not in (0, completed_steps):
             raise ValueError(f"LazyDP.resume_at({completed_steps}): the mechanism's step record already says "
                              f"{current}; resume_at is only for checkpoints written before the record existed")
-        recorded = int(tf.shape(self.lr_sq_cumsum)[0].numpy())
+        recorded = int(tf.shape(self.state.lr_sq_cumsum)[0].numpy())
         if completed_steps < 0 or completed_steps >= recorded:
             raise ValueError(f"LazyDP.resume_at({completed_steps}): must be in [0, {recorded}) (the rate record "
                              f"holds {recorded} entries)")
-        self._check_consistent(completed_steps)
-        self.completed_steps.assign(completed_steps)
+        self.check_consistent(completed_steps)
+        record.assign(completed_steps)
 
-    def _check_consistent(self, k: Optional[int] = None) -> None:
+    def check_consistent(self, k: Optional[int] = None) -> None:
         """Eagerly: refuses histories ahead of step ``k`` (default: the step record)."""
         if not tf.executing_eagerly():
             return
-        k = int(self.completed_steps.numpy()) if k is None else k
-        for name, history in zip(self._tables.names, self._histories):
+        k = int(self.state.completed_steps.numpy()) if k is None else k
+        for name, history in zip(self.state.tables.names, self.state.histories):
             owing = tf.convert_to_tensor(history)
             owing = tf.where(owing == NEVER_OWES, tf.zeros_like(owing), owing)
             ahead = int(tf.reduce_max(owing).numpy()) if int(history.shape[0]) else 0

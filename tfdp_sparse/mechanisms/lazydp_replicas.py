@@ -19,7 +19,14 @@ Example::
 
 from __future__ import annotations
 
+from typing import Callable
+
 import tensorflow as tf
+
+from tfdp_sparse.mechanisms.lazydp_state import LazyState
+
+#: ``owed_rows(table, unique_ids, completed_steps) -> (ids, noise)``: :meth:`~.lazydp_catchup.CatchUp.owed_rows`.
+OwedRows = Callable[..., tuple]
 
 
 def replica_catch_up_needed(table) -> bool:
@@ -28,21 +35,22 @@ def replica_catch_up_needed(table) -> bool:
     return ctx is not None and ctx.num_replicas_in_sync > 1 and isinstance(table, tf.distribute.DistributedValues)
 
 
-class LazyReplicas:
-    """Mixin of :class:`~tfdp_sparse.mechanisms.lazydp.LazyDP`: catch-up under mirrored replicas (module doc)."""
+def replica_catch_up(state: LazyState, table, unique_ids: tf.Tensor, owed_rows: OwedRows) -> tf.Tensor:
+    """Joins the other replicas; returns a tensor the read waits for (the update of every copy).
 
-    def _replica_catch_up(self, table, unique_ids: tf.Tensor) -> tf.Tensor:
-        """Joins the other replicas; returns a tensor the read waits for (the update of every copy)."""
-        shape = tf.constant(table.shape.as_list(), tf.int64)
+    ``owed_rows(table, ids, k)``: the catch-up's ``(ids, noise)`` for the union of the replicas' rows,
+    caught up to ``state``'s completed steps ``k`` (one draw per row; it marks their history).
+    """
+    shape = tf.constant(table.shape.as_list(), tf.int64)
 
-        def subtract(var, noise, ids):
-            return var.scatter_sub(tf.IndexedSlices(noise, ids, shape))
+    def subtract(var, noise, ids):
+        return var.scatter_sub(tf.IndexedSlices(noise, ids, shape))
 
-        def merge(strategy, ids):
-            union = tf.unique(strategy.gather(ids, axis=0))[0]  # rows of the global batch, each once
-            rows, noise = self.owed_rows(table, union, self._completed())  # one draw per row; history marked
-            updated = strategy.extended.update(table, subtract, args=(noise, rows), group=True)
-            with tf.control_dependencies(tf.nest.flatten(updated)):
-                return tf.constant(0)
+    def merge(strategy, ids):
+        union = tf.unique(strategy.gather(ids, axis=0))[0]  # rows of the global batch, each once
+        rows, noise = owed_rows(table, union, state.completed())
+        updated = strategy.extended.update(table, subtract, args=(noise, rows), group=True)
+        with tf.control_dependencies(tf.nest.flatten(updated)):
+            return tf.constant(0)
 
-        return tf.distribute.get_replica_context().merge_call(merge, args=(tf.cast(unique_ids, tf.int64),))
+    return tf.distribute.get_replica_context().merge_call(merge, args=(tf.cast(unique_ids, tf.int64),))

@@ -19,7 +19,7 @@ gather (the write waits for the read, the read does not wait for the write).
 The noise never crosses the wire and each row read is written over the wire
 once (by the step's update); the extra bytes over non-private SGD are a few
 scalars per step. The step's rows are marked noised on the servers by
-:meth:`LazySharded.mark_shard_rows`, called by the sharded optimizer with the
+:meth:`ShardedTables.mark_shard_rows`, called by the sharded optimizer with the
 ids its update already sent. Draws never repeat: each generator's state
 lives on its server and advances atomically per draw (a retried closure draws
 afresh).
@@ -45,7 +45,8 @@ import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import ShardedVariable, is_sharded
 from tfdp_sparse.layers.embedding import ShardRows
-from tfdp_sparse.tables import variable_device, variable_key
+from tfdp_sparse.mechanisms.lazydp_state import LazyState, NoiseSettings
+from tfdp_sparse.tables import variable_device
 
 #: First stream of the per-server catch-up generators in :meth:`NoiseSource.tf_generator`.
 _SERVER_STREAM = 1000
@@ -71,10 +72,20 @@ def history_rows(history, ids: tf.Tensor) -> tf.Tensor:
     return tf.nn.embedding_lookup(history, ids) if is_sharded(history) else tf.gather(history, ids)
 
 
-class LazySharded:
-    """Mixin of :class:`~tfdp_sparse.mechanisms.lazydp.LazyDP`: state and catch-up for sharded tables."""
+class ShardedTables:
+    """LazyDP's parameter-server side over a :class:`~.lazydp_state.LazyState` (module doc).
 
-    def _new_history(self, table, name: str):
+    Creates histories placed like their tables (a sharded one: a block per shard, on its server),
+    the rate copies and catch-up generators of the servers (in the state), runs the server-side
+    catch-up and marks the rows of each step's update. Example:
+    ``ShardedTables(state, settings).new_history(table, "movie_lazydp_history")``.
+    """
+
+    def __init__(self, state: LazyState, noise: NoiseSettings):
+        self.state = state
+        self.noise = noise
+
+    def new_history(self, table, name: str):
         """An int32 history of ``table``'s rows (zeros), sharded and placed like the table."""
         with tf.init_scope():
             if not is_sharded(table):
@@ -85,55 +96,56 @@ class LazySharded:
                 with tf.device(shard.device):
                     blocks.append(tf.Variable(tf.zeros([int(shard.shape[0])], tf.int32), trainable=False,
                                               name=f"{name}_part_{k}"))
-                self._rate_copy(shard.device)
-                self._server_generator(shard.device)
+                self.rate_copy(shard.device)
+                self.server_generator(shard.device)
             return ShardedVariable(blocks, name=name)
 
-    def _server_generator(self, device: str) -> tf.random.Generator:
+    def server_generator(self, device: str) -> tf.random.Generator:
         """The catch-up generator whose state lives on ``device`` (created on first use).
 
         From the mechanism's noise source (OS entropy unless a seed was given; a stream
         of its own per server), so its draws run where the rows are and never repeat:
         the state advances atomically on its server.
         """
-        if device in self._generator_devices:
-            return self._server_generators[self._generator_devices.index(device)]
+        state = self.state
+        if device in state.generator_devices:
+            return state.server_generators[state.generator_devices.index(device)]
         with tf.init_scope(), tf.device(device):
-            generator = self.noise_source.tf_generator(stream=_SERVER_STREAM + len(self._server_generators))
-        self._server_generators.append(generator)
-        self._generator_devices.append(device)
+            generator = self.noise.noise_source.tf_generator(stream=_SERVER_STREAM + len(state.server_generators))
+        state.server_generators.append(generator)
+        state.generator_devices.append(device)
         return generator
 
-    def _rate_copy(self, device: str) -> tf.Variable:
+    def rate_copy(self, device: str) -> tf.Variable:
         """The copy of ``lr_sq_cumsum`` on ``device`` (created on first use, equal to the original).
 
         The original itself where it already lives on ``device`` (one write fewer per step).
         """
-        if device == self.lr_sq_cumsum.device:
-            return self.lr_sq_cumsum
-        if device in self._rate_copy_devices:
-            return self._rate_copies[self._rate_copy_devices.index(device)]
+        state = self.state
+        if device == state.lr_sq_cumsum.device:
+            return state.lr_sq_cumsum
+        if device in state.rate_copy_devices:
+            return state.rate_copies[state.rate_copy_devices.index(device)]
         with tf.init_scope(), tf.device(device):
-            copy = tf.Variable(self.lr_sq_cumsum.read_value(), shape=self.lr_sq_cumsum.shape, trainable=False,
-                               name=f"lr_sq_cumsum_copy_{len(self._rate_copies)}")
-        self._rate_copies.append(copy)
-        self._rate_copy_devices.append(device)
+            copy = tf.Variable(state.lr_sq_cumsum.read_value(), shape=state.lr_sq_cumsum.shape, trainable=False,
+                               name=f"lr_sq_cumsum_copy_{len(state.rate_copies)}")
+        state.rate_copies.append(copy)
+        state.rate_copy_devices.append(device)
         return copy
 
-    def _server_catch_up(self, i: int, table, shard_ids: list) -> tuple[ShardRows, tf.Operation]:
-        """Reads rows of sharded table ``i`` caught up to the mechanism's completed steps, on the servers.
+    def server_catch_up(self, i: int, table, shard_ids: list, scale: float) -> tuple[ShardRows, tf.Operation]:
+        """Reads rows of sharded table ``i`` caught up to the state's completed steps, on the servers.
 
         ``shard_ids``: unique local ids per shard; from the layer's read, the very tensors
         it would gather with, so the servers receive them once. Each server returns
         ``row - owed noise`` from one gather and writes the noise after that gather, so
-        the read does not wait for the write. Returns the rows and the writes.
+        the read does not wait for the write. ``scale``: sigma C / B. Returns the rows and the writes.
         """
-        history = self._histories[i]
-        k = self._completed()
-        scale = self._scale()
+        history = self.state.histories[i]
+        k = self.state.completed()
         parts, writes = [], []
         for shard, block, local in zip(table.variables, history.variables, shard_ids):
-            cum, generator = self._rate_copy(shard.device), self._server_generator(shard.device)
+            cum, generator = self.rate_copy(shard.device), self.server_generator(shard.device)
             with tf.device(shard.device):
                 rows, written = _catch_up_block(shard, block, cum, local, generator, k, scale)
             parts.append(rows)
@@ -143,17 +155,18 @@ class LazySharded:
     def mark_shard_rows(self, table, parts: list) -> list:
         """``history[rows] = this step`` for the rows of each shard's update (``parts``, local ids).
 
-        Called by :class:`~tfdp_sparse.distribute.optimizer.ShardedDPOptimizer` with the very
-        ``IndexedSlices`` it applies, so the ids already sent for the update are reused on the
-        server (no extra bytes). Empty for tables not bound or sigma 0. Runs after :meth:`LazyDP.apply`
-        of the same step, which advanced ``completed_steps`` to this step.
+        Called (through the rule's ``mark_shard_rows``) by
+        :class:`~tfdp_sparse.distribute.optimizer.ShardedDPOptimizer` with the very ``IndexedSlices``
+        it applies, so the ids already sent for the update are reused on the server (no extra
+        bytes). Empty for tables not bound or sigma 0. Runs after the rule's ``apply`` of the same
+        step, which advanced ``completed_steps`` to this step.
         """
-        i = self._tables.index.get(variable_key(table))
-        if i is None or self.noise_multiplier == 0:
+        i = self.state.tables.position(table)
+        if i is None or self.noise.noise_multiplier == 0:
             return []
-        now = self._completed()
+        now = self.state.completed()
         ops = []
-        for part, block in zip(parts, self._histories[i].variables):
+        for part, block in zip(parts, self.state.histories[i].variables):
             if part is None:
                 continue
             with tf.device(block.device):

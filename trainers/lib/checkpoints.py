@@ -30,7 +30,6 @@ import tensorflow as tf
 from tfdp_sparse import accounting
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer
-from tfdp_sparse.mechanisms.lazydp_catchup import LazyCatchUp
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
 log = logging.getLogger("tfdp_sparse.train")
@@ -102,7 +101,7 @@ def find_saved_run(model_dir: Optional[str], identity: dict) -> Optional[SavedRu
 
 def _lazy_run_without_step_record(mechanism, path: str) -> bool:
     """True for a lazy-noise mechanism restoring a checkpoint that holds no ``completed_steps`` record."""
-    if not isinstance(mechanism, LazyCatchUp):
+    if not mechanism.plan.requires().defers_noise:
         return False
     return not any("completed_steps" in name for name, _ in tf.train.list_variables(path))
 

@@ -207,6 +207,8 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="data, initialisation and public negatives (never the "
                                                             "noise or the batches)")
     parser.add_argument("--no_reference", action="store_true", help="skip the non-private reference")
+    parser.add_argument("--adaptive_clipping", action=argparse.BooleanOptionalAction, default=None,
+                        help="the bound follows a private quantile of the norms (default: make_private's choice)")
     args = parser.parse_args(argv)
     if args.num_negatives < 1 or args.dim < 1 or not args.target_epsilon > 0 or not args.learning_rate > 0:
         parser.error("num_negatives and dim must be >= 1, target_epsilon and learning_rate > 0")
@@ -248,7 +250,8 @@ def main(argv=None) -> dict:
     privacy = PrivacyConfig(algorithm=args.algorithm, target_epsilon=args.target_epsilon, extra=args.extra)
     private = make_private(model, privacy,
                            num_examples=len(train["label"]), batch_size=args.batch_size, epochs=args.epochs,
-                           learning_rate=args.learning_rate, loss=model.per_example_loss)
+                           learning_rate=args.learning_rate, loss=model.per_example_loss,
+                           adaptive_clipping=args.adaptive_clipping)
     private.compile()
     private.fit(dict(train), train["label"], verbose=0)
     trained = time.time() - start

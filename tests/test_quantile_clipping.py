@@ -90,8 +90,12 @@ def test_bad_settings_are_refused_by_name():
         QuantileClipping(target_quantile=1.0)
     with pytest.raises(ValueError, match="not private"):
         QuantileClipping(count_stddev=0.0)
+    unresolved = mechanisms.plan(PrivacyConfig(quantile_clipping=QuantileClipping()))
+    assert unresolved.requires().clips  # readable before the batch size is known, never chargeable:
     with pytest.raises(ValueError, match="expected units"):
-        mechanisms.plan(PrivacyConfig(quantile_clipping=QuantileClipping()))
+        unresolved.step_event(0.01)
+    with pytest.raises(ValueError, match="units"):
+        mechanisms.build_rule(unresolved)
     with pytest.raises(ValueError, match="clips no one"):
         mechanisms.plan(PrivacyConfig(algorithm="sgd", quantile_clipping=QuantileClipping().for_units(B)))
     with pytest.raises(TypeError, match="QuantileClipping"):
@@ -283,3 +287,51 @@ def test_the_pctr_trainer_takes_adaptive_clipping_flags():
     assert line["quantile_clipping"]["count_stddev"] == pytest.approx(6.4)
     assert line["clip_norm"] > 0.001  # from far below every norm, the bound grew
     assert line["noise_multiplier"] == pytest.approx((1.0 + 6.4 ** -2) ** -0.5, abs=1e-4)  # the charged joint σ (rounded)
+
+
+def test_make_private_turns_it_on_where_nothing_was_tuned():
+    """On by default only when the planner chose the run at the default learning rate; the user's word wins."""
+    from tfdp_sparse.keras.wrapping import default_clipping
+
+    plain = PrivacyConfig(algorithm="lazydp")
+    assert default_clipping(plain, None, untuned=True, built=False).quantile_clipping == QuantileClipping()
+    assert default_clipping(plain, None, untuned=False, built=False).quantile_clipping is None
+    assert default_clipping(plain, False, untuned=True, built=False).quantile_clipping is None
+    assert default_clipping(plain, True, untuned=False, built=False).quantile_clipping == QuantileClipping()
+    assert default_clipping(PrivacyConfig(algorithm="sgd"), None, untuned=True, built=False).quantile_clipping is None
+    assert default_clipping(plain, None, untuned=True, built=True).quantile_clipping is None  # a built mechanism
+    own = PrivacyConfig(quantile_clipping=QuantileClipping(target_quantile=0.6))
+    assert default_clipping(own, None, untuned=True, built=False) == own
+    with pytest.raises(ValueError, match="contradicts"):
+        default_clipping(own, False, untuned=True, built=False)
+    with pytest.raises(ValueError, match="built mechanism"):
+        default_clipping(plain, True, untuned=True, built=True)
+
+
+def test_make_private_planned_at_the_default_rate_adapts_and_a_set_rate_does_not():
+    from tests.test_make_private_users import _loss, _model
+    from tfdp_sparse.keras import make_private
+
+    config, n = PrivacyConfig(algorithm="dpsgd", target_epsilon=4.0), 2048  # 20 epochs of 2048: 500 steps of 64+
+    untuned = make_private(_model(), config, num_examples=n, loss=_loss, epochs=20)
+    assert untuned.mechanism.adapts_clip and untuned.mechanism.plan.quantile_clipping.expected_units == \
+        untuned.config.batch_size
+    assert not make_private(_model(), config, num_examples=n, loss=_loss, epochs=20,
+                            learning_rate=0.1).mechanism.adapts_clip
+    assert not make_private(_model(), config, num_examples=n, loss=_loss, batch_size=16, steps=5).mechanism.adapts_clip
+
+
+def test_the_dual_encoder_trainer_takes_adaptive_clipping_at_both_units():
+    from absl import flags
+
+    from trainers import train_dual_encoder as td
+
+    for unit in ("example", "user"):
+        fv = flags.FlagValues()
+        td.define_flags(fv)
+        fv(["train_dual_encoder", "--noise_multiplier=1.0", "--l2_norm_clip=0.001", "--adaptive_clipping",
+            "--num_users=200", "--num_movies=50", "--num_examples=800", "--num_eval_examples=100",
+            "--batch_size=16", "--steps=4", "--log_every=100", f"--privacy_unit={unit}",
+            *(["--max_examples_per_user=3"] if unit == "user" else [])])
+        line = td.train_and_evaluate(td.run_from_flags(fv))
+        assert line["quantile_clipping"]["expected_units"] == 16 and line["clip_norm"] > 0.001, (unit, line)

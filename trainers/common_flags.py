@@ -52,7 +52,7 @@ def define_privacy_flags(flag_values: flags.FlagValues) -> None:
     flags.DEFINE_bool("adaptive_clipping", False,
                       "adaptive clipping (Andrew et al. 2021): the bound follows a private quantile of the norms "
                       "(--target_quantile), one noised count per step charged with the step", **fv)
-    flags.DEFINE_float("target_quantile", 0.5, "with --adaptive_clipping: the fraction of examples (users) the bound "
+    flags.DEFINE_float("target_quantile", 0.8, "with --adaptive_clipping: the fraction of examples (users) the bound "
                        "leaves unclipped", **fv)
     flags.DEFINE_float("clip_learning_rate", 0.2, "with --adaptive_clipping: the bound's geometric step size", **fv)
     flags.DEFINE_float("target_epsilon", None, "privacy budget: calibrates sigma (see --noise_multiplier) and never "

@@ -53,9 +53,9 @@ def dlrm_data(sizes: Sizes, seed: int):
 
 
 def dlrm_run(algorithm: str, eps: Optional[float], sizes: Sizes, seed: int, plan: Optional[dict] = None,
-             data=None, adaptive: bool = False) -> dict:
+             data=None, adaptive: Optional[float] = None) -> dict:
     """``make_private`` without ``batch_size`` (private), or ``algorithm='sgd'`` at ``plan``'s batch size and steps.
-    ``adaptive``: adaptive clipping at its defaults (the median)."""
+    ``adaptive``: adaptive clipping toward this target quantile (``None``: C fixed)."""
     from tfdp_sparse.accounting.quantile_clipping import QuantileClipping
     from tfdp_sparse.config import PrivacyConfig
     from tfdp_sparse.data.auc import roc_auc
@@ -70,7 +70,7 @@ def dlrm_run(algorithm: str, eps: Optional[float], sizes: Sizes, seed: int, plan
     if plan is None:
         kwargs = {} if sizes.epochs is None else {"epochs": int(sizes.epochs)}
         config = PrivacyConfig(algorithm=algorithm, target_epsilon=eps,
-                               quantile_clipping=QuantileClipping() if adaptive else None)
+                               quantile_clipping=None if adaptive is None else QuantileClipping(target_quantile=adaptive))
         private = make_private(model, config, num_examples=n, loss=loss, **kwargs)
     else:  # SGD, or DP-SGD with σ = 0 (clipping alone) for CLIPPED
         config = (PrivacyConfig(algorithm="dpsgd", noise_multiplier=0.0) if algorithm == CLIPPED

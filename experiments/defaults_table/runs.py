@@ -20,6 +20,13 @@ def _trainer(module, argv: Sequence[str]) -> dict:
     return module.train_and_evaluate(module.run_from_flags(fv))
 
 
+def _adaptive_flags(target_quantile: Optional[float]) -> list:
+    """The trainers' adaptive-clipping flags for ``target_quantile`` (none for ``None``: C fixed)."""
+    if target_quantile is None:
+        return []
+    return ["--adaptive_clipping", f"--target_quantile={target_quantile}"]
+
+
 def _common(seed: int, sizes: Sizes) -> list:
     out = [f"--seed={seed}", "--log_every=100000"]
     if sizes.epochs is not None:
@@ -28,16 +35,17 @@ def _common(seed: int, sizes: Sizes) -> list:
 
 
 def pctr_run(algorithm: str, eps: Optional[float], sizes: Sizes, seed: int, plan: Optional[dict] = None,
-             adaptive: bool = False) -> dict:
+             adaptive: Optional[float] = None) -> dict:
     """``train_pctr`` with the target ε alone (private), or ``algorithm`` (SGD; DP-SGD with σ = 0 when it is
-    ``"clipped"``) at ``plan``'s batch size and steps. ``adaptive``: ``--adaptive_clipping`` (the median)."""
+    ``"clipped"``) at ``plan``'s batch size and steps. ``adaptive``: ``--adaptive_clipping`` at this target
+    quantile (``None``: C fixed)."""
     if algorithm == CLIPPED:
         algorithm = "dpsgd\n--noise_multiplier=0"
     from trainers import train_pctr
 
     argv = [*f"--algorithm={algorithm}".split("\n"), f"--num_examples={sizes.pctr_examples}",
             f"--num_eval_examples={sizes.pctr_eval}", f"--vocab_scale={sizes.pctr_vocab_scale}",
-            f"--hidden={sizes.pctr_hidden}", *_common(seed, sizes), *(["--adaptive_clipping"] if adaptive else [])]
+            f"--hidden={sizes.pctr_hidden}", *_common(seed, sizes), *_adaptive_flags(adaptive)]
     if plan is None:
         argv.append(f"--target_epsilon={eps}")
     else:
@@ -50,14 +58,14 @@ def pctr_run(algorithm: str, eps: Optional[float], sizes: Sizes, seed: int, plan
 
 
 def dual_encoder_run(unit: str, algorithm: Optional[str], eps: Optional[float], sizes: Sizes, seed: int,
-                     plan: Optional[dict] = None, adaptive: bool = False) -> dict:
+                     plan: Optional[dict] = None, adaptive: Optional[float] = None) -> dict:
     """``train_dual_encoder`` at ``unit`` with the target ε alone, or SGD at ``plan``'s batch size and steps.
-    ``adaptive``: ``--adaptive_clipping`` (the median)."""
+    ``adaptive``: ``--adaptive_clipping`` at this target quantile (``None``: C fixed)."""
     from trainers import train_dual_encoder
 
     argv = [f"--num_users={sizes.de_users}", f"--num_movies={sizes.de_movies}",
             f"--num_examples={sizes.de_examples}", f"--num_eval_examples={sizes.de_eval}", *_common(seed, sizes),
-            *(["--adaptive_clipping"] if adaptive else [])]
+            *_adaptive_flags(adaptive)]
     if algorithm == CLIPPED:
         argv += ["--algorithm=dpsgd", "--noise_multiplier=0"]
     elif algorithm is not None:

@@ -267,6 +267,9 @@ class Mechanism(tf.Module, abc.ABC):
         self.rng = self._noise_source.tf_generator()
         self._dense_blocks = DenseNoiseBlocks.empty()  # a step's pre-drawn dense noise, only inside privatize
         if plan.quantile_clipping is not None:  # adaptive clipping: C_t = C_0 * clip_scale (checkpointed)
+            if not plan.quantile_clipping.is_resolved:
+                raise ValueError("a rule with adaptive clipping needs its count's units: build it from "
+                                 "QuantileClipping(...).for_units(B) (make_private and the trainers do)")
             self.clip_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="clip_scale")
 
     @property

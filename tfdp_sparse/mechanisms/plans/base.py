@@ -111,8 +111,11 @@ class Plan(abc.ABC):
     Attributes:
       l2_norm_clip: per-example clipping bound C (``None``: no clipping); with
         ``quantile_clipping``, the initial bound.
-      quantile_clipping: adaptive clipping's settings (resolved: the expected
-        units per batch set), or ``None`` (C fixed).
+      quantile_clipping: adaptive clipping's settings, or ``None`` (C fixed).
+        ``step_event`` (and building the rule) needs them resolved (the
+        expected units per batch set: ``for_units``), so a plan read before
+        the batch size is known (its ``requires()``) can never be charged
+        without its count.
     """
 
     #: Name used by flags and the registry, e.g. ``"dpsgd"``.
@@ -137,9 +140,6 @@ class Plan(abc.ABC):
             if self.l2_norm_clip is None:
                 raise ValueError(f"{self.name or type(self).__name__} clips no one: adaptive clipping needs a clipping "
                                  "mechanism (l2_norm_clip set)")
-            if not self.quantile_clipping.is_resolved:
-                raise ValueError("quantile_clipping needs the expected units per batch: pass "
-                                 "QuantileClipping(...).for_units(B) (make_private and the trainers do)")
 
     @abc.abstractmethod
     def gradient_event(self, sampling_probability: float) -> Optional[dp_accounting.DpEvent]:

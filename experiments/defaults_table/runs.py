@@ -20,6 +20,21 @@ def _trainer(module, argv: Sequence[str]) -> dict:
     return module.train_and_evaluate(module.run_from_flags(fv))
 
 
+def _planned(argv: list, eps: Optional[float], plan: Optional[dict]) -> list:
+    """``argv`` with the target ε alone (the planner chooses), or ``plan``'s batch size and steps (no epochs)."""
+    if plan is None:
+        return [*argv, f"--target_epsilon={eps}"]
+    return [a for a in argv if not a.startswith("--epochs")] + [f"--batch_size={plan['batch_size']}",
+                                                                 f"--steps={plan['steps']}"]
+
+
+def _result(m: dict, metric: str) -> dict:
+    """The fields every trainer-backed run reports, from its JSON line ``m``."""
+    return {"metric": m[metric], "plan": m.get("planner"), "sigma": m.get("noise_multiplier"),
+            "epsilon_spent": m.get("epsilon"), "delta": m.get("delta"), "steps": m.get("steps"),
+            "private": m.get("private"), "clip_norm": m.get("clip_norm")}
+
+
 def _adaptive_flags(target_quantile: Optional[float]) -> list:
     """The trainers' adaptive-clipping flags for ``target_quantile`` (none for ``None``: C fixed)."""
     if target_quantile is None:
@@ -46,15 +61,8 @@ def pctr_run(algorithm: str, eps: Optional[float], sizes: Sizes, seed: int, plan
     argv = [*f"--algorithm={algorithm}".split("\n"), f"--num_examples={sizes.pctr_examples}",
             f"--num_eval_examples={sizes.pctr_eval}", f"--vocab_scale={sizes.pctr_vocab_scale}",
             f"--hidden={sizes.pctr_hidden}", *_common(seed, sizes), *_adaptive_flags(adaptive)]
-    if plan is None:
-        argv.append(f"--target_epsilon={eps}")
-    else:
-        argv = [a for a in argv if not a.startswith("--epochs")]
-        argv += [f"--batch_size={plan['batch_size']}", f"--steps={plan['steps']}"]
-    m = _trainer(train_pctr, argv)
-    return {"metric": m["auc"], "plan": m.get("planner"), "sigma": m.get("noise_multiplier"),
-            "epsilon_spent": m.get("epsilon"), "delta": m.get("delta"), "steps": m.get("steps"),
-            "private": m.get("private"), "bayes_optimal": m.get("bayes_optimal_auc"), "clip_norm": m.get("clip_norm")}
+    m = _trainer(train_pctr, _planned(argv, eps, plan))
+    return {**_result(m, "auc"), "bayes_optimal": m.get("bayes_optimal_auc")}
 
 
 def dual_encoder_run(unit: str, algorithm: Optional[str], eps: Optional[float], sizes: Sizes, seed: int,
@@ -72,16 +80,8 @@ def dual_encoder_run(unit: str, algorithm: Optional[str], eps: Optional[float], 
         argv.append(f"--algorithm={algorithm}")
     if unit == "user":
         argv += ["--privacy_unit=user", f"--max_examples_per_user={sizes.de_k}"]
-    if plan is None:
-        argv.append(f"--target_epsilon={eps}")
-    else:
-        argv = [a for a in argv if not a.startswith("--epochs")]
-        argv += [f"--batch_size={plan['batch_size']}", f"--steps={plan['steps']}"]
-    m = _trainer(train_dual_encoder, argv)
-    return {"metric": m["recall@10"], "plan": m.get("planner"), "sigma": m.get("noise_multiplier"),
-            "epsilon_spent": m.get("epsilon"), "delta": m.get("delta"), "steps": m.get("steps"),
-            "private": m.get("private"), "algorithm_ran": m.get("algorithm"),
-            "chance": round(10 / sizes.de_movies, 5), "clip_norm": m.get("clip_norm")}
+    m = _trainer(train_dual_encoder, _planned(argv, eps, plan))
+    return {**_result(m, "recall@10"), "algorithm_ran": m.get("algorithm"), "chance": round(10 / sizes.de_movies, 5)}
 
 
 def retrieval_run(eps: float, seed: int, smoke: bool, with_reference: bool) -> dict:

@@ -40,8 +40,8 @@ def table_of(model) -> np.ndarray:
     return np.concatenate([p.numpy() for p in parts], axis=0)
 
 
-def local_step(model, mechanism, features, labels, lr: float, expected_batch: int) -> None:
-    """One private step on this machine (the reference)."""
+def local_stepper(model, mechanism, lr: float, expected_batch: int):
+    """A compiled private step ``step(x, y)`` on this machine (the reference), its optimizer kept across calls."""
     opt = DPOptimizer(mechanism, learning_rate=lr, expected_batch_size=expected_batch)
     recorder = opt.attach(model)
     mechanism.bind_model(model)
@@ -53,7 +53,12 @@ def local_step(model, mechanism, features, labels, lr: float, expected_batch: in
             loss = LOSS(y, model(x, training=True))
         opt.private_step(loss, model.trainable_variables, tape)
 
-    step(tf.constant(features), tf.constant(labels))
+    return step
+
+
+def local_step(model, mechanism, features, labels, lr: float, expected_batch: int) -> None:
+    """One private step on this machine (the reference)."""
+    local_stepper(model, mechanism, lr, expected_batch)(tf.constant(features), tf.constant(labels))
 
 
 def cluster_model(strategy, vocab, dim, mechanism_factory, lr, expected_batch, **model_kwargs):

@@ -11,7 +11,8 @@ from tfdp_sparse.mechanisms import build
 from tfdp_sparse.mechanisms.plans.dpsgd import DPSGDPlan
 from tfdp_sparse.step.train_step import private_train_step
 
-from .helpers import LOSS, batch, build_model, cluster_model, cluster_step_fn, copy_weights, local_step, table_of
+from .helpers import (LOSS, batch, build_model, cluster_model, cluster_step_fn, copy_weights, local_step,
+                      local_stepper, table_of)
 
 VOCAB, DIM, LR, BATCH = 200, 4, 0.5, 8
 CLIP = 0.05  # small: every example is clipped
@@ -111,16 +112,7 @@ def test_adaptive_clipping_on_the_cluster_equals_one_machine(ps, algorithm):
     model, mechanism, optimizer, recorder = cluster_model(strategy, VOCAB, DIM, _adaptive(algorithm), LR, BATCH)
     copy_weights(reference, model)
     local_mech = _adaptive(algorithm)()
-    local_opt = DPOptimizer(local_mech, learning_rate=LR, expected_batch_size=BATCH)
-    local_recorder = local_opt.attach(reference)
-    local_mech.bind_model(reference)
-
-    @tf.function(autograph=False)
-    def local(x, y):
-        local_recorder.clear()
-        with tf.GradientTape() as tape:
-            loss = LOSS(y, reference(x, training=True))
-        local_opt.private_step(loss, reference.trainable_variables, tape)
+    local = local_stepper(reference, local_mech, LR, BATCH)
 
     step = cluster_step_fn(strategy, model, optimizer, recorder)
     for seed in range(3):

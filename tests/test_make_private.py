@@ -298,6 +298,14 @@ def test_implausible_batch_size_is_warned(caplog):
     assert "implausible" in caplog.text
     report = private.report()
     assert report["private"] is False and any("tf.data.Dataset" in r for r in report["not_private_reasons"])
+    # one text on both drivers (issue 32 item 2): fit's dataset and the trainers' --sampling=shuffle
+    from tfdp_sparse.accounting.ledger import SHUFFLED_BATCHES, PrivacyLedger
+    from tfdp_sparse.noise_source import NoiseSource
+    from trainers.lib.result import mark_void
+
+    trainer_ledger = PrivacyLedger()
+    mark_void(trainer_ledger, NoiseSource(), PrivacyConfig(sampling="shuffle"))
+    assert trainer_ledger.void_reasons == (SHUFFLED_BATCHES,) and SHUFFLED_BATCHES in report["not_private_reasons"]
 
 
 # ----------------------------------------------------------------------------

@@ -238,7 +238,35 @@ FULL_ONLY: dict[str, Moved] = {
     _K3 + "test_fit_misuse_keras3.py::test_a_longer_fit_stops_at_the_target": Moved(
         (_K3 + "test_fit_misuse_keras3.py::test_a_repeated_fit_never_passes_the_target",),
         "as on tf-keras"),
+    # -- the user level on parameter servers ------------------------------------------------------
+    **{f"tests/distributed/ps/test_ps_user_level.py::test_user_level_cluster_steps_equal_one_machine_on_the_same_batches"
+       f"[{name}]": Moved(
+           ("tests/distributed/ps/test_ps_user_level.py::test_user_level_cluster_steps_equal_one_machine_on_the_same"
+            "_batches[dpsgd]", "tests/test_mech_user_level.py::test_adafest_step_at_the_user_level_keeps_only_rows_"
+            "looked_up"),
+           "a cluster step per mechanism (3-9 s each, the PS tier runs serially); the cluster's user-level step is "
+           "the one-machine step for DP-SGD, and each mechanism's user level is proved on one machine")
+       for name in ("eana", "adafest", "lazydp")},
+    "tests/distributed/ps/test_ps_user_level.py::test_trainer_user_level_on_the_cluster_charges_what_one_machine_charges":
+        Moved(("tests/distributed/ps/test_ps_user_level.py::test_ledger_is_charged_per_executed_step_over_users_at_the"
+               "_user_unit", "tests/test_trainers_user_level.py::test_mirrored_refuses_the_user_level_by_name_and_"
+               "parameter_servers_take_it"),
+              "a subprocess with its own cluster (8 s); the cluster's ledger at the user unit and the trainers' "
+              "acceptance are proved fast"),
     # -- adaptive clipping -----------------------------------------------------------------------
+    "tests/test_quantile_clipping.py::test_the_pctr_trainer_takes_adaptive_clipping_flags": Moved(
+        ("tests/test_quantile_clipping.py::test_the_dual_encoder_trainer_takes_adaptive_clipping_at_both_units",),
+        "a trainer run (10 s); both trainers read the same common flags, proved on the dual-encoder trainer"),
+    "tests/test_quantile_clipping.py::test_fit_moves_the_bound_and_charges_the_count[user]": Moved(
+        ("tests/keras3/test_quantile_clipping_keras3.py::test_fit_moves_the_bound_and_charges_the_count_on_keras3",
+         "tests/test_quantile_clipping.py::test_a_user_counts_once_however_many_examples_exceed"),
+        "8 s; the same fit at the user level runs on Keras 3 (one step core), the user count is proved directly"),
+    "tests/test_adaptive_clipping_experiment.py::test_an_adaptive_run_reports_its_bound_and_the_table_lays_out_the_"
+    "settings": Moved(
+        ("tests/test_defaults_table.py::test_smoke_writes_rows_table_and_plot",
+         "tests/test_quantile_clipping.py::test_make_private_planned_at_the_default_"
+         "rate_adapts_and_a_set_rate_does_not"),
+        "10 s; the experiment's runs are the defaults table's (its smoke runs), adaptive make_private is proved"),
     "tests/test_quantile_clipping.py::test_a_compiled_fixed_shape_fit_adapts_too": Moved(
         ("tests/test_quantile_clipping.py::test_fit_moves_the_bound_and_charges_the_count",
          "tests/test_xla_trainers.py::test_trainer_with_jit_and_static_batch_equals_fit_and_charges_alike"),

@@ -35,6 +35,10 @@ from tfdp_sparse.accounting.validation import (
     _is_real, _validate_accountant, _validate_int, validate_delta)
 
 _LEDGER_FORMAT = "tfdp_sparse.PrivacyLedger"
+
+#: Why fixed-size shuffled batches void the guarantee: one text for the trainers and ``fit`` (a tf.data.Dataset).
+SHUFFLED_BATCHES = ("fixed-size shuffled batches (the trainers' --sampling=shuffle, or a tf.data.Dataset given to fit): "
+                    "epsilon assumes Poisson sampling")
 #: Version 2 adds ``void_reasons``; version 3 the ``privacy_unit``; version 4 the
 #: ``truncation_mass``. Versions 1 to 3 (no void reasons / example level, the only
 #: unit they knew / no truncated batches) still load.
@@ -130,6 +134,23 @@ class PrivacyLedger:
         self._record(dp_accounting.NonPrivateDpEvent(), max(num_steps, 1),
                      reason)
         self._steps += num_steps
+
+    def record_run_voids(self, noise_reason: Optional[str], shuffled: bool) -> None:
+        """Marks what every run driver checks before its first step: reproducible noise and shuffled batches.
+
+        ``noise_reason``: the noise source's ``not_private_reason`` (``None`` for secure noise);
+        ``shuffled``: fixed-size shuffled batches instead of Poisson samples (:data:`SHUFFLED_BATCHES`).
+        The trainers and ``make_private``'s ``fit`` both call it, so a run is voided for the same
+        reasons in the same words on both paths.
+
+        >>> ledger = PrivacyLedger()
+        >>> ledger.record_run_voids(None, shuffled=True)
+        >>> ledger.void_reasons == (SHUFFLED_BATCHES,)
+        True
+        """
+        for reason in (noise_reason, SHUFFLED_BATCHES if shuffled else None):
+            if reason:
+                self.record_void(reason)
 
     def record_void(self, reason: str) -> None:
         """Marks the run's guarantee void for a reason outside its events; the mark is kept for good.

@@ -36,7 +36,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse.accounting.ledger import PrivacyLedger
+from tfdp_sparse.accounting.ledger import SHUFFLED_BATCHES, PrivacyLedger
 from tfdp_sparse.accounting.truncation import StaticBatchPlan
 from tfdp_sparse.data.sampling import PoissonSampler, sampled_batch_dataset
 from tfdp_sparse.data.static_batches import StaticPoissonSampler, static_batch_dataset
@@ -58,9 +58,6 @@ from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.planner import TrainingPlan
 
 log = logging.getLogger("tfdp_sparse.keras")
-
-#: Why a batched ``tf.data.Dataset`` voids the guarantee.
-SHUFFLE_REASON = "fixed-size batches from a tf.data.Dataset: epsilon assumes Poisson sampling"
 
 
 def _is_tfrs_model(model: tf.keras.Model) -> bool:
@@ -275,13 +272,12 @@ class PrivateModel(tf.keras.Model):
             if y is not None:
                 raise ValueError("with a tf.data.Dataset, labels come from the dataset (y must be None)")
             self._sampling = "shuffle"
-            self._ledger_void(SHUFFLE_REASON)
-            log.warning("NOT PRIVATE: %s; pass arrays or an indexed source for Poisson batches", SHUFFLE_REASON)
+            self.privacy_callback.ledger.record_run_voids(None, shuffled=True)
+            log.warning("NOT PRIVATE: %s; pass arrays or an indexed source for Poisson batches", SHUFFLED_BATCHES)
             return None
         gather, pairs = gather_of(x, y, self.config.num_examples)
         noise = NoiseSource(self.config.noise_seed)
-        if noise.not_private_reason:
-            self._ledger_void(noise.not_private_reason)
+        self.privacy_callback.ledger.record_run_voids(noise.not_private_reason, shuffled=False)
         sampler = PoissonSampler(self.config.num_examples, self.config.sampling_rate, noise)
         batch_gather = gather
         if unit.is_user_level:

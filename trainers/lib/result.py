@@ -51,10 +51,6 @@ class TrainResult:
     num_users: Optional[int] = None
 
 
-#: Why fixed-size shuffled batches void the guarantee (a mark in the ledger, like reproducible noise).
-SHUFFLE_REASON = "fixed-size shuffled batches: epsilon assumes Poisson sampling"
-
-
 def mark_void(ledger: accounting.PrivacyLedger, noise: NoiseSource, privacy: PrivacyConfig) -> None:
     """Marks ``ledger`` for each reason this run's randomness or sampling voids the guarantee.
 
@@ -64,9 +60,7 @@ def mark_void(ledger: accounting.PrivacyLedger, noise: NoiseSource, privacy: Pri
 
     Example: ``NoiseSource(3)`` marks ``"reproducible noise (noise_seed=3): ..."``.
     """
-    for reason in (noise.not_private_reason, SHUFFLE_REASON if privacy.sampling == "shuffle" else None):
-        if reason:
-            ledger.record_void(reason)
+    ledger.record_run_voids(noise.not_private_reason, shuffled=privacy.sampling == "shuffle")
 
 
 def finish(ledger: accounting.PrivacyLedger, stats, resolved, optimizer: DPOptimizer, loop, start: int,

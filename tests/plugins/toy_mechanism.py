@@ -18,7 +18,8 @@ import sys
 import tensorflow as tf
 
 from tfdp_sparse import mechanisms
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads
+from tfdp_sparse.mechanisms.base import Mechanism, NoisedGradients, StepGrads
+from tfdp_sparse.mechanisms.sparse_rows import Gradient
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.eana import noise_unique_rows
 from tfdp_sparse.mechanisms.plans.base import NoisePlan

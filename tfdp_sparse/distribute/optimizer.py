@@ -34,7 +34,8 @@ import tensorflow as tf
 from tfdp_sparse.distribute.shards import is_sharded, logical_gradients, logical_variables, split_gradient
 from tfdp_sparse.layers.embedding import DPEmbedding
 from tfdp_sparse.step.optimizer import DPOptimizer
-from tfdp_sparse.mechanisms.base import Gradient, NoisedGradients, StepGrads, sum_duplicates
+from tfdp_sparse.mechanisms.base import NoisedGradients, StepGrads
+from tfdp_sparse.mechanisms.sparse_rows import Gradient, sum_duplicates
 from tfdp_sparse.mechanisms.dpsgd import DPSGDRule, noise_dense
 
 

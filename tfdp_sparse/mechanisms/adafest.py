@@ -72,7 +72,8 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from tfdp_sparse.clipping.user_norms import UserSegments
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_rows_at
+from tfdp_sparse.mechanisms.base import Mechanism, NoisedGradients, StepGrads
+from tfdp_sparse.mechanisms.sparse_rows import Gradient, sum_rows_at
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.plans.adafest import (  # noqa: F401 (settings re-exported for callers)
     KNOBS,

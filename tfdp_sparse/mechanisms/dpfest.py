@@ -84,7 +84,9 @@ import dp_accounting
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, Noise, NoisedGradients, StepGrads, sum_rows_at
+from tfdp_sparse.mechanisms.base import Mechanism, Noise, NoisedGradients, StepGrads
+
+from tfdp_sparse.mechanisms.sparse_rows import Gradient, sum_rows_at
 from tfdp_sparse.mechanisms.bucket_selection import BucketSelection, KSpec  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.plans.dpfest import KNOBS, DPFESTPlan, KeptNoise, plan_from_config  # noqa: F401

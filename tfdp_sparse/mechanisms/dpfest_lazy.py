@@ -48,7 +48,8 @@ import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded
 from tfdp_sparse.mechanisms.adafest_plus import to_domain_positions
-from tfdp_sparse.mechanisms.base import Noise, StepGrads, sum_duplicates
+from tfdp_sparse.mechanisms.base import Noise, StepGrads
+from tfdp_sparse.mechanisms.sparse_rows import sum_duplicates
 from tfdp_sparse.mechanisms.dpfest import DPFESTRule, EagerDPFESTRule
 from tfdp_sparse.mechanisms.lazydp import LazyDPRule
 from tfdp_sparse.mechanisms.lazydp_catchup import CatchUp, _no_autograph

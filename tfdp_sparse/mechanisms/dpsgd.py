@@ -19,7 +19,9 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads
+from tfdp_sparse.mechanisms.base import Mechanism, NoisedGradients, StepGrads
+
+from tfdp_sparse.mechanisms.sparse_rows import Gradient
 from tfdp_sparse.mechanisms.plans.base import gaussian_step_event  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.plans.dpsgd import KNOBS, DPSGDPlan  # noqa: F401 (KNOBS re-exported)
 

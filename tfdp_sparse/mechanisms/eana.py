@@ -36,7 +36,9 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, sum_duplicate_slots
+from tfdp_sparse.mechanisms.base import Mechanism, NoisedGradients, StepGrads
+
+from tfdp_sparse.mechanisms.sparse_rows import Gradient, sum_duplicate_slots
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.plans.eana import KNOBS, NOT_PRIVATE_REASON, EANAPlan  # noqa: F401
 

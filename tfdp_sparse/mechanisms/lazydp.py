@@ -103,7 +103,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, Noise, NoisedGradients, StepGrads, sum_duplicates
+from tfdp_sparse.mechanisms.base import Mechanism, Noise, NoisedGradients, StepGrads
+from tfdp_sparse.mechanisms.sparse_rows import Gradient, sum_duplicates
 from tfdp_sparse.mechanisms.binding import bound_mechanisms  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.lazydp_binding import TableBinding, check_optimizer, keras_embedding_refused

@@ -16,7 +16,9 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.mechanisms.base import Gradient, Mechanism, NoisedGradients, StepGrads, unique_row_values
+from tfdp_sparse.mechanisms.base import Mechanism, NoisedGradients, StepGrads
+
+from tfdp_sparse.mechanisms.sparse_rows import Gradient, unique_row_values
 from tfdp_sparse.mechanisms.plans.nonprivate import KNOBS, NonPrivatePlan  # noqa: F401 (KNOBS re-exported)
 
 

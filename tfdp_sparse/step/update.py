@@ -27,7 +27,8 @@ import tensorflow as tf
 from tfdp_sparse.clipping.clip import ClippedGradients, clip_gradients
 from tfdp_sparse.clipping.taps import Tap
 from tfdp_sparse.clipping.user_norms import UserClipping, UserSegments
-from tfdp_sparse.mechanisms.base import Mechanism, scale_gradient
+from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.mechanisms.sparse_rows import scale_gradient
 from tfdp_sparse.mechanisms.step_context import StepContext
 
 

@@ -260,10 +260,15 @@ class LazyDPRule(Mechanism):
                 "DPEmbedding table are caught up before they are read"
             )
         stddev = self.noise_multiplier * self.l2_norm_clip
-        in_step = tf.debugging.assert_equal(state.completed_steps, context.step, message=STEP_MISMATCH)
+        # Compared as local copies: given the variables, a cluster's check runs its branch on the servers that
+        # hold them (the predicate, the branch's pivot and both values cross the wire again, at every step).
+        in_step = tf.debugging.assert_equal(tf.identity(state.completed_steps), tf.identity(context.step),
+                                            message=STEP_MISMATCH)
         with tf.control_dependencies([in_step]):
             now = tf.cast(context.step, tf.int32) + 1
-            recorded = self.catch_up.record_learning_rate(context.learning_rate, now)
+        # Every write of the rate record takes ``now``, so none runs before the check (a control edge from the
+        # check to each server holding a record would cross the wire once more per server and step).
+        recorded = self.catch_up.record_learning_rate(context.learning_rate, now)
         domains = self._noised_domains(step)
         out: list[Gradient] = []
         count = tf.constant(0, tf.int64)
@@ -290,8 +295,9 @@ class LazyDPRule(Mechanism):
             # else the step's noise waits, with the rest a row owes, for its next read or flush (one draw)
             out.append(tf.IndexedSlices(summed, ids, grad.dense_shape))
             count += tf.cast(tf.size(ids), tf.int64) * int(var.shape[1])
+        now = tf.cast(now, tf.int64)  # cast before waiting: only the write waits for the record (on its server)
         with tf.control_dependencies([recorded]):  # the next reads catch rows up to this step
-            advanced = state.completed_steps.assign(tf.cast(now, tf.int64))
+            advanced = state.completed_steps.assign(now)
         with tf.control_dependencies([advanced]):
             return NoisedGradients(out, tf.identity(count))
 

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Optional
 
@@ -157,12 +158,19 @@ class CatchUp:
             )
         return self.noise.noise_multiplier * self.noise.l2_norm_clip / self.state.expected_batch_size
 
-    def record_learning_rate(self, learning_rate: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
-        """``lr_sq_cumsum[step] = lr_sq_cumsum[step - 1] + eta_step^2`` (grows by doubling), and its copies."""
+    def record_learning_rate(self, learning_rate: tf.Tensor, step: tf.Tensor) -> Optional[tf.Operation]:
+        """``lr_sq_cumsum[step] = lr_sq_cumsum[step - 1] + eta_step^2`` (grows by doubling), and its copies.
+
+        Returns an op that runs after every write (``None`` eagerly), to wait on; never a tensor of the
+        record: that would read the whole record, which on a cluster ships all of it (``[capacity]``
+        float64) from its server to the worker at every step.
+        """
         lr = tf.cast(learning_rate, tf.float64)
         written = [_record_rate(cum, lr, step) for cum in self.state.rate_records()]
-        with tf.control_dependencies(written):
-            return tf.identity(written[0])
+        # On a cluster (copies on the servers) the join sits beside the step record written after it.
+        beside = tf.device(self.state.completed_steps.device) if self.state.rate_copies else contextlib.nullcontext()
+        with tf.control_dependencies(written), beside:
+            return tf.no_op()
 
     def deferred_noise(self, last: tf.Tensor, k: tf.Tensor, shape, scale: float) -> tf.Tensor:
         """Noise owed by rows whose noise is applied up to ``last`` when caught up to ``k``.

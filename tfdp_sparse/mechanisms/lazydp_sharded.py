@@ -133,6 +133,15 @@ class ShardedTables:
         state.rate_copy_devices.append(device)
         return copy
 
+    def server_step(self) -> tf.Tensor:
+        """The state's completed steps (int32), cast on the server holding ``completed_steps``.
+
+        The other servers receive it from there (that one reads it locally); cast on the worker it
+        would cross the wire to the worker and back to every server, twice per step.
+        """
+        with tf.device(self.state.completed_steps.device):
+            return self.state.completed()
+
     def server_catch_up(self, i: int, table, shard_ids: list, scale: float) -> tuple[ShardRows, tf.Operation]:
         """Reads rows of sharded table ``i`` caught up to the state's completed steps, on the servers.
 
@@ -142,7 +151,7 @@ class ShardedTables:
         the read does not wait for the write. ``scale``: sigma C / B. Returns the rows and the writes.
         """
         history = self.state.histories[i]
-        k = self.state.completed()
+        k = self.server_step()
         parts, writes = [], []
         for shard, block, local in zip(table.variables, history.variables, shard_ids):
             cum, generator = self.rate_copy(shard.device), self.server_generator(shard.device)
@@ -164,7 +173,7 @@ class ShardedTables:
         i = self.state.tables.position(table)
         if i is None or self.noise.noise_multiplier == 0:
             return []
-        now = self.state.completed()
+        now = self.server_step()
         ops = []
         for part, block in zip(parts, self.state.histories[i].variables):
             if part is None:

@@ -80,8 +80,21 @@ class UserSegments:
 
     @classmethod
     def from_user_ids(cls, user_ids: tf.Tensor) -> "UserSegments":
-        """Segments from the batch's user-id column (any integer ids; order of first appearance)."""
+        """Segments from the batch's user-id column (any integer ids; order of first appearance).
+
+        The one refusal of the user level under XLA (every backend builds its
+        segments here: ``fit``, ``PrivateStep``, the TPU program): XLA sizes
+        each user's summed gradient by the number of users, which it can take
+        from the batch size only at a static shape, so a free batch dimension
+        raises ``ValueError`` (use fixed-shape batches: ``static_batch``).
+        """
         flat = tf.reshape(user_ids, [-1])
+        if in_xla_context() and flat.shape[0] is None:
+            raise ValueError(
+                "the user level compiled by XLA (jit_compile=True) needs fixed-shape batches (no free batch "
+                "dimension: static_batch=True / --static_batch, padded batches with an example mask): XLA sizes "
+                "each user's summed gradient by the number of users in the batch, which is static only at a fixed "
+                "shape. Use static batches, or jit_compile=False for Poisson batches of free size")
         unique, idx = tf.unique(flat, out_idx=tf.int32)
         if in_xla_context() and flat.shape[0] is not None:  # a static count (the batch size): XLA sizes by it
             return cls(idx, tf.constant(int(flat.shape[0]), tf.int32))

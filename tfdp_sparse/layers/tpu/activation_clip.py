@@ -12,6 +12,13 @@ one scale ``c_i = min(1, C/||g_i||)`` per example (DESIGN §2), and the
 clipped sums are ``IndexedSlices`` of ``c_i delta_{i,l}`` at the ids (one
 entry per lookup) — the same object the Keras path hands to the mechanism.
 
+At the user level (``users``, a :class:`~tfdp_sparse.clipping.user_norms.UserClipping`)
+the same per-lookup gradients and dense taps form the Keras path's groups
+(:mod:`tfdp_sparse.clipping.groups`), whose rule gives each example its
+user's factor: the norm of the user's summed gradient, rows a user's
+examples share summed per (user, id) before squaring, dense kernels by the
+group Gram form. The clip factors are therefore the Keras path's, exactly.
+
 Example (mean over ids [3, 3, 5], dloss/da = [3]): deltas ``[1], [1], [1]``,
 ``||g||^2 = (1 + 1)^2 + 1^2 = 5`` (rows 3 and 5).
 """
@@ -26,7 +33,9 @@ from tfdp_sparse.clipping import dense as dense_norms
 from tfdp_sparse.clipping import embedding as embedding_norms
 from tfdp_sparse.clipping.clip import ClippedGradients, validate_clip_norm
 from tfdp_sparse.clipping.coverage import SUPPORTED_LAYERS, UnsupportedLayerError, check_layers_covered
+from tfdp_sparse.clipping.groups import TableGroup, WeightGroup, clip_scales
 from tfdp_sparse.clipping.taps import DenseTap, EmbeddingTap
+from tfdp_sparse.clipping.user_norms import UserClipping
 from tfdp_sparse.layers.tpu.config import Combiner
 
 
@@ -57,14 +66,20 @@ def clip_from_activations(
     variables: Sequence[tf.Variable],
     recorded: Sequence,
     clip_norm: Optional[float],
+    users: Optional[UserClipping] = None,
 ) -> ClippedGradients:
     """Summed clipped gradients of ``variables`` (tables from activations, dense layers from taps).
 
     ``tables[f]`` is the host handle of feature ``f``'s table (shape, name,
     identity for the mechanism); it is never read. ``variables`` must hold
-    the tables and every trainable variable of the head.
+    the tables and every trainable variable of the head. ``users`` (user
+    level; needs ``clip_norm``): each user's summed gradient is clipped
+    instead of each example's (module doc).
     """
     validate_clip_norm(clip_norm)
+    if users is not None and (clip_norm is None or not isinstance(users, UserClipping)):
+        raise ValueError(f"user-level clipping needs a clip_norm and a UserClipping, got clip_norm={clip_norm!r}, "
+                         f"users={type(users).__name__}")
     if per_example_loss.shape.rank != 1:
         raise ValueError(f"private training needs one loss per example (shape [B]), got {per_example_loss.shape}")
     if clip_norm is not None:
@@ -96,12 +111,17 @@ def clip_from_activations(
         pairs = [(t, dense_grads[id(t)]) for t in group if dense_grads[id(t)] is not None]
         if pairs:
             dense_groups.append((key, [p[0] for p in pairs], [p[1] for p in pairs]))
-    return _clip(per_example_loss, table_groups, dense_groups, variables, table_refs, clip_norm)
+    return _clip(per_example_loss, table_groups, dense_groups, variables, table_refs, clip_norm, users)
 
 
-def _clip(per_example_loss, table_groups, dense_groups, variables, table_refs, clip_norm) -> ClippedGradients:
+def _clip(per_example_loss, table_groups, dense_groups, variables, table_refs, clip_norm,
+          users: Optional[UserClipping] = None) -> ClippedGradients:
     batch_size = tf.shape(per_example_loss)[0]
-    if clip_norm is None:
+    if users is not None:  # the Keras path's rule on the same groups: each example gets its user's factor
+        groups = ([TableGroup(key, t, g) for key, t, g in table_groups]
+                  + [WeightGroup(dense_norms, t, g) for _, t, g in dense_groups])
+        scale, norms = clip_scales(groups, batch_size, clip_norm, users)
+    elif clip_norm is None:
         norms, scale = None, tf.ones([batch_size], tf.float32)
     else:
         squared = tf.zeros([batch_size], tf.float32)

@@ -25,6 +25,18 @@ the global batch (noise once, globally); this class runs one replica (the
 emulator) and refuses to be traced inside a replica context of more than one
 replica.
 
+User level (``unit=PrivacyUnitConfig.user(k)``): every call passes the
+batch's user ids, and step 2 clips each user's summed gradient with the Keras
+path's rule (:func:`~tfdp_sparse.layers.tpu.activation_clip.clip_from_activations`
+with ``users``); the mechanism gets the batch's user segments (DP-AdaFEST's
+per-user map). Everything else (rounds, packing, LazyDP's look-ahead) is
+unchanged: the look-ahead depends on the next batch's ids only. On a
+fixed-shape batch each padded slot is a user of its own
+(:func:`tfdp_sparse.data.user_sampling.with_padding_users`). Compiled
+(``jit_compile=True``), the user level needs fixed-shape batches: a free
+batch dimension is refused by name, in the one place every backend builds
+its user segments (:meth:`~tfdp_sparse.clipping.user_norms.UserSegments.from_user_ids`).
+
 Example::
 
     split = split_functional_model(model, id_inputs=("cat",))
@@ -33,6 +45,8 @@ Example::
     step = TPUPrivateStep(split, plan, emb, per_example_loss, DPOptimizer(mech, 0.1, expected_batch_size=256))
     step.prime(first_features)                 # LazyDP only: catch up batch 1
     metrics = step(features, labels, next_features)
+    # user level: TPUPrivateStep(..., unit=PrivacyUnitConfig.user(5)); step(features, labels, next_features,
+    #             user_ids=users)
 """
 
 from __future__ import annotations
@@ -41,14 +55,17 @@ from typing import Callable, Mapping, Optional
 
 import tensorflow as tf
 
+from tfdp_sparse.clipping.user_norms import UserSegments
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.layers.tpu import lookahead, packing
 from tfdp_sparse.layers.tpu.activation_clip import clip_from_activations
 from tfdp_sparse.layers.tpu.config import READ_SUFFIX, UPDATE_SUFFIX, Combiner, TPUEmbeddingPlan
 from tfdp_sparse.layers.tpu.model_split import ModelSplit
 from tfdp_sparse.step.losses import record_losses
+from tfdp_sparse.step.regularization import regularization_gradients
 from tfdp_sparse.step.update import PrivateUpdate, noised_update, refuse_adaptive_clipping
-from tfdp_sparse.xla import run_starts
+from tfdp_sparse.xla import in_xla_context, run_starts
 
 Features = Mapping[str, tf.Tensor]
 
@@ -70,12 +87,18 @@ class TPUPrivateStep:
       embedding: a ``TPUEmbedding`` / ``TPUEmbeddingV2`` / :class:`TPUEmbeddingEmulator` built from ``plan``.
       loss_fn: ``loss_fn(labels, predictions) -> [B]``.
       optimizer: the :class:`DPOptimizer` (mechanism, learning rate, ``B``, dense updates).
+      jit_compile: the TensorCore half compiled by XLA.
+      unit: the privacy unit; at the user level every call passes the batch's ``user_ids`` and each
+        user's summed gradient is clipped.
     """
 
     def __init__(self, split: ModelSplit, plan: TPUEmbeddingPlan, embedding, loss_fn: Callable,
-                 optimizer: DPOptimizer, jit_compile: bool = False):
+                 optimizer: DPOptimizer, jit_compile: bool = False, unit: PrivacyUnitConfig = PrivacyUnitConfig()):
         if not isinstance(optimizer, DPOptimizer):
             raise TypeError(f"optimizer must be a DPOptimizer, got {type(optimizer).__name__}")
+        if not isinstance(unit, PrivacyUnitConfig):
+            raise TypeError(f"unit must be a PrivacyUnitConfig, got {type(unit).__name__}")
+        self.unit = unit
         refuse_adaptive_clipping(optimizer.mechanism, "TPUPrivateStep")
         names = [layer.name for layer in split.layers]
         if [s.name for s in plan.specs] != names:
@@ -123,7 +146,7 @@ class TPUPrivateStep:
 
     # -- the step ------------------------------------------------------------
 
-    def _run(self, features, labels, next_features=None, example_mask=None, next_mask=None):
+    def _run(self, features, labels, next_features=None, example_mask=None, next_mask=None, user_ids=None):
         if tf.distribute.has_strategy() and tf.distribute.get_strategy().num_replicas_in_sync > 1:
             raise ValueError("TPUPrivateStep runs one replica; the mechanism must see the global batch")
         ids = self.split.ids(features)
@@ -133,14 +156,31 @@ class TPUPrivateStep:
         acts = [activations[s.name] for s in self.plan.specs]
         read_acts = {n: tf.stop_gradient(activations[n + READ_SUFFIX]) for n in self.plan.read_features}
         packed, metrics = self._core(features, labels, acts, read_ids, read_acts, next_features, example_mask,
-                                     next_mask)
+                                     next_mask, user_ids)
         with tf.control_dependencies(tf.nest.flatten(metrics)):
             table_op = self._apply_updates(ids, read_ids, packed)
         with tf.control_dependencies([table_op]):
             return {name: tf.identity(value) for name, value in metrics.items()}
 
+    def _regularization(self, variables: list, tables: list) -> Optional[list]:
+        """The weight regularizers' gradients, outside clipping, as on the Keras path (``None``: none).
+
+        A table's regularizer is refused by name: the program updates a table
+        only at the rows it packs, and a regularizer's gradient is dense.
+        """
+        grads = regularization_gradients(self.split.model, variables)
+        if grads is None:
+            return None
+        table_refs = {t.ref() for t in tables}
+        for grad, variable in zip(grads, variables):
+            if grad is not None and variable.ref() in table_refs:
+                raise ValueError(f"the TPU embedding program does not support a regularizer on its table "
+                                 f"{variable.name}: it updates only the rows a batch packs, and a regularizer's "
+                                 "gradient is dense; drop embeddings_regularizer or use embedding_backend=keras")
+        return grads
+
     def _core_step(self, features, labels, acts: list, read_ids: dict, read_acts: dict, next_features=None,
-                   example_mask=None, next_mask=None) -> tuple[dict, dict]:
+                   example_mask=None, next_mask=None, user_ids=None) -> tuple[dict, dict]:
         """``(packed rows per table, metrics)``: everything between the two embedding rounds.
 
         Compiled by XLA with ``jit_compile=True`` (as a TPU compiles its TensorCore program); the
@@ -158,12 +198,16 @@ class TPUPrivateStep:
         recorded = record_losses(forward_loss, features, labels, watch=acts, example_mask=example_mask)
         tables = [layer.embeddings for layer in self.split.layers]
         variables = list(self.split.model.trainable_variables)
+        # the user level (as private_update): a non-private rule (no bound) clips no one, users neither
+        users = (None if user_ids is None or self.mechanism.clip_bound() is None
+                 else self.unit.clipping(UserSegments.from_user_ids(user_ids)))
         clipped = clip_from_activations(recorded.losses, recorded.tape, acts, _padding_dropped(ids, example_mask),
                                         [s.combiner for s in self.plan.specs], tables, variables,
-                                        self._recorder.take(), self.mechanism.l2_norm_clip)
+                                        self._recorder.take(), self.mechanism.l2_norm_clip, users=users)
         context = self.optimizer.step_context()  # step t-1 and eta_t, before the step counter moves
         update = noised_update(self.mechanism, clipped, variables, self.optimizer.expected_batch_size,
-                               context=context)  # the shared half: mechanism, 1/B
+                               self._regularization(variables, tables), users=None if users is None else users.segments,
+                               context=context)  # the shared half: mechanism, 1/B, regularizers outside clipping
         by_table = {v.ref(): g for g, v in update.pairs if v.ref() in {t.ref() for t in tables}}
         catch_up = (self._lookahead(next_features, context, next_mask) if (self.lazy and next_features is not None)
                     else {})
@@ -226,14 +270,22 @@ class TPUPrivateStep:
             self._prime(features, example_mask)
 
     def __call__(self, features: Features, labels, next_features: Optional[Features] = None,
-                 example_mask: Optional[tf.Tensor] = None, next_mask: Optional[tf.Tensor] = None) -> dict:
+                 example_mask: Optional[tf.Tensor] = None, next_mask: Optional[tf.Tensor] = None,
+                 user_ids: Optional[tf.Tensor] = None) -> dict:
         """One step; LazyDP needs ``next_features`` (the next batch) except on the last step.
 
         ``example_mask`` (``[P]``, 1 on real slots): a fixed-shape batch's padded slots contribute nothing
         (their lookups enqueue row 0 in the forward pass but touch no row of the update); ``next_mask`` is
-        the next batch's, for LazyDP's look-ahead.
+        the next batch's, for LazyDP's look-ahead. ``user_ids`` (int ``[B]``): required at the user level
+        (each padded slot a user of its own), refused at the example level.
         """
-        return self._step(features, labels, next_features, example_mask, next_mask)
+        if (user_ids is None) == self.unit.is_user_level:
+            raise ValueError(f"TPUPrivateStep(unit={self.unit.describe()}) got user_ids="
+                             f"{'None' if user_ids is None else '...'}: the user level needs the batch's user ids, "
+                             "the example level takes none")
+        if user_ids is None:  # the example level's trace is unchanged
+            return self._step(features, labels, next_features, example_mask, next_mask)
+        return self._step(features, labels, next_features, example_mask, next_mask, user_ids)
 
 
 def _distinct(ids: tf.Tensor) -> tf.Tensor:

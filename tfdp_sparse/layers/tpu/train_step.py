@@ -19,6 +19,9 @@ Example::
                            optimizer, EmbeddingBackend.TPU_EMULATOR, batch_size=256)
     step.prime(first_x)                           # LazyDP: catch up batch 1
     metrics = step(x, y, next_x)                  # next_x only used by LazyDP's look-ahead
+
+At the user level (``unit=PrivacyUnitConfig.user(k)``) each call passes the batch's user ids,
+``step(x, y, next_x, user_ids=users)``, and each user's summed gradient is clipped (as ``PrivateStep``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Callable, Mapping, Optional, Union
 
 import tensorflow as tf
 
+from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend, embedding_api, has_sparsecore
 from tfdp_sparse.layers.tpu.config import build_plan
@@ -42,19 +46,22 @@ class TPUTrainStep:
 
     Attributes:
       lookahead: True when the mechanism needs the next batch (LazyDP).
+      user_level: True when every call takes the batch's user ids (``unit`` is the user level).
       private_step: the underlying :class:`TPUPrivateStep`.
     """
 
     def __init__(self, private_step: TPUPrivateStep):
         self.private_step = private_step
         self.lookahead = private_step.lazy
+        self.user_level = private_step.unit.is_user_level
 
     def prime(self, features, example_mask=None) -> None:
         """Before the first step: LazyDP catches up the first batch's rows (no-op otherwise)."""
         self.private_step.prime(features, example_mask)
 
-    def __call__(self, features, labels, next_features=None, example_mask=None, next_mask=None) -> dict:
-        metrics = dict(self.private_step(features, labels, next_features, example_mask, next_mask))
+    def __call__(self, features, labels, next_features=None, example_mask=None, next_mask=None,
+                 user_ids=None) -> dict:
+        metrics = dict(self.private_step(features, labels, next_features, example_mask, next_mask, user_ids))
         metrics["clipped_fraction"] = self.private_step.optimizer.last_clipped_fraction.read_value()
         return metrics
 
@@ -69,8 +76,12 @@ def make_train_step(
     update_slots: Optional[Union[int, Mapping[str, int]]] = None,
     strategy: Optional[tf.distribute.Strategy] = None,
     jit_compile: bool = False,
+    unit: PrivacyUnitConfig = PrivacyUnitConfig(),
 ) -> TPUTrainStep:
     """The TPU program for ``model`` on ``backend`` (``KERAS`` is refused: use ``PrivateStep``).
+
+    ``unit``: the privacy unit (the user level: calls pass the batch's user ids; ``batch_size`` then counts
+    users, each with at most ``k`` examples).
 
     ``jit_compile``: the step's TensorCore half (head, clipping, mechanism, packing) compiled by XLA, as a
     TPU compiles it; on the emulator the embedding rounds stay outside. Reserve the run's steps first
@@ -82,7 +93,8 @@ def make_train_step(
     api = embedding_api(backend, strategy)
     cut = split(model)
     slots = update_slots if update_slots is not None else {layer.name: layer.vocab_size for layer in cut.layers}
-    plan = build_plan(cut.table_specs(), update_slots=slots, batch_size=batch_size, read_slots=cut.read_slots(),
+    examples = batch_size * (unit.max_examples_per_user if unit.is_user_level else 1)  # SparseCore's id limits
+    plan = build_plan(cut.table_specs(), update_slots=slots, batch_size=examples, read_slots=cut.read_slots(),
                       lazy_noise=_is_lazy(optimizer),
                       sparse_core=backend is EmbeddingBackend.TPU and has_sparsecore(strategy))
     if api is TPUEmbeddingEmulator:
@@ -94,7 +106,7 @@ def make_train_step(
     else:
         with strategy.scope():
             embedding = api(plan.feature_config(), plan.optimizer, pipeline_execution_with_tensor_core=False)
-    return TPUTrainStep(TPUPrivateStep(cut, plan, embedding, loss_fn, optimizer, jit_compile=jit_compile))
+    return TPUTrainStep(TPUPrivateStep(cut, plan, embedding, loss_fn, optimizer, jit_compile=jit_compile, unit=unit))
 
 
 def _is_lazy(optimizer: DPOptimizer) -> bool:
@@ -111,31 +123,45 @@ def loop_driver(step: TPUTrainStep, signature: list, batches) -> tuple[Callable,
     yielding it. ``signature`` is ``[x_spec, y_spec]`` (Poisson batches: a free
     batch dimension) or ``[x_spec, y_spec, mask_spec]`` (fixed-shape batches of
     ``P`` slots, :func:`tfdp_sparse.data.static_batches.static_batch_dataset`: no
-    free dimension, as a TPU needs); the call is then ``call(x, y, mask)``.
+    free dimension, as a TPU needs); the call is then ``call(x, y, mask)``. At
+    the user level (``step.user_level``) the user ids come last:
+    ``[x_spec, y_spec, users_spec]`` or ``[x_spec, y_spec, mask_spec, users_spec]``,
+    items ``(step, size, x, y[, mask], users)`` and ``call(x, y[, mask], users)``.
     """
-    x_spec, y_spec, *mask_spec = signature
-    # fixed shape: (x, y, next x, mask, next mask); Poisson: (x, y, next x)
-    with_next = tf.function(lambda x, y, nx, *m: step(x, y, nx, *m),
-                            input_signature=[x_spec, y_spec, x_spec, *mask_spec, *mask_spec], autograph=False)
-    alone = tf.function(lambda x, y, *m: step(x, y, None, *m), input_signature=[x_spec, y_spec, *mask_spec],
-                        autograph=False)
+    x_spec, y_spec, *rest = signature
+    users_spec = rest[-1:] if step.user_level else []
+    mask_spec = rest[:len(rest) - len(users_spec)]
+    masks = len(mask_spec)  # 1 on fixed-shape batches, else 0
+
+    def with_next_step(x, y, next_x, *tail):  # tail: (mask, next mask, users), each part present or not
+        mask, next_mask, users = tail[:masks], tail[masks:2 * masks], tail[2 * masks:]
+        return step(x, y, next_x, *mask, *next_mask, user_ids=users[0] if users else None)
+
+    def alone_step(x, y, *tail):  # tail: (mask, users), each part present or not
+        mask, users = tail[:masks], tail[masks:]
+        return step(x, y, None, *mask, user_ids=users[0] if users else None)
+
+    with_next = tf.function(with_next_step, autograph=False,
+                            input_signature=[x_spec, y_spec, x_spec, *mask_spec, *mask_spec, *users_spec])
+    alone = tf.function(alone_step, input_signature=[x_spec, y_spec, *mask_spec, *users_spec], autograph=False)
     upcoming: list = [None]  # the next item's (x, *mask)
 
     def peeked():
         source = iter(batches)
         current = next(source, None)
         if current is not None and step.lookahead:
-            step.prime(current[2], *current[4:])
+            step.prime(current[2], *current[4:4 + masks])
         while current is not None:
             following = next(source, None)
-            upcoming[0] = None if following is None else (following[2], *following[4:])
+            upcoming[0] = None if following is None else (following[2], *following[4:4 + masks])
             yield current
             current = following
 
-    def call(x, y, *mask):
+    def call(x, y, *tail):
+        mask, users = tail[:masks], tail[masks:]
         if step.lookahead and upcoming[0] is not None:
             next_x, *next_mask = upcoming[0]
-            return with_next(x, y, next_x, *mask, *next_mask)
-        return alone(x, y, *mask)
+            return with_next(x, y, next_x, *mask, *next_mask, *users)
+        return alone(x, y, *mask, *users)
 
     return call, peeked()

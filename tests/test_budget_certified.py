@@ -12,15 +12,16 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
-from tfdp_sparse.keras import make_private, privacy_callback
+from tfdp_sparse.keras import make_private
+from tfdp_sparse.run import budget as run_budget
 
 N, B = 256, 32
 
 
 def _fit_counting(monkeypatch, fits: int):
     calls = []
-    real = privacy_callback.max_steps_within_budget
-    monkeypatch.setattr(privacy_callback, "max_steps_within_budget",
+    real = run_budget.max_steps_within_budget
+    monkeypatch.setattr(run_budget, "max_steps_within_budget",
                         lambda *a, **kw: calls.append(1) or real(*a, **kw))
     rng = np.random.default_rng(0)
     x = rng.normal(size=(N, 4)).astype(np.float32)

@@ -301,10 +301,11 @@ def test_implausible_batch_size_is_warned(caplog):
     # one text on both drivers (issue 32 item 2): fit's dataset and the trainers' --sampling=shuffle
     from tfdp_sparse.accounting.ledger import SHUFFLED_BATCHES, PrivacyLedger
     from tfdp_sparse.noise_source import NoiseSource
-    from trainers.lib.result import mark_void
+    from tfdp_sparse.accounting.step_accounting import StepAccounting
+    from tfdp_sparse.run import RunBudget
 
-    trainer_ledger = PrivacyLedger()
-    mark_void(trainer_ledger, NoiseSource(), PrivacyConfig(sampling="shuffle"))
+    trainer_ledger = PrivacyLedger()  # the trainers' --sampling=shuffle marks through the one run budget
+    RunBudget(trainer_ledger, StepAccounting(None, "no event", 1e-5, "rdp")).mark_voids(NoiseSource(), shuffled=True)
     assert trainer_ledger.void_reasons == (SHUFFLED_BATCHES,) and SHUFFLED_BATCHES in report["not_private_reasons"]
 
 

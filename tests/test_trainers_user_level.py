@@ -28,7 +28,8 @@ from tfdp_sparse.selection.counts import example_counts, user_counts
 from trainers import train_dual_encoder as tde
 from trainers import train_pctr as tp
 from trainers.lib.checkpoints import run_identity
-from trainers.lib.user_level import UserRows, check_user_level, dense_user_ids
+from tfdp_sparse.run import UserRows
+from trainers.lib.user_level import check_user_level, dense_user_ids
 
 N, N_EVAL, USERS, K = 400, 200, 40, 3
 UNIT = PrivacyUnitConfig.user(K)
@@ -91,7 +92,7 @@ def test_data_without_user_ids_refuses_the_user_level():
         tp.train_and_evaluate(pctr_run(num_users=None))
 
 
-@pytest.mark.parametrize("backend", [EmbeddingBackend.TPU_EMULATOR, EmbeddingBackend.TPU])
+@pytest.mark.parametrize("backend", [EmbeddingBackend.TPU])  # the emulator takes it: tests/test_tpu_user_level.py
 def test_tpu_backends_refuse_the_user_level_by_name(backend):
     loop = loop_lib.LoopConfig(8, 2, 1.0, performance=loop_lib.PerformanceFlags(embedding_backend=backend))
     with pytest.raises(ValueError, match=f"embedding_backend={backend.value}"):
@@ -116,14 +117,14 @@ def test_mirrored_refuses_the_user_level_by_name_and_parameter_servers_take_it()
 def test_user_rows_take_at_most_k_rows_of_each_sampled_user_and_every_user_at_q_one():
     users = dense_user_ids(np.array([30, 10, 30, 30, 20, 30, 10]))
     assert users.tolist() == [2, 0, 2, 2, 1, 2, 0]
-    rows = UserRows(users, expected_users=3, max_examples_per_user=2, noise=NoiseSource.reproducible(0))
+    rows = UserRows(users, 3, expected_users=3, max_examples_per_user=2, noise=NoiseSource.reproducible(0))
     assert rows.num_users == 3 and rows.sampling_rate == 1.0
     idx = rows.indices(0)
     counts = np.bincount(users[idx], minlength=3)
     assert counts.tolist() == [2, 1, 2]  # q = 1: every user, min(count, k) rows each
     assert len(set(idx.tolist())) == idx.size
     with pytest.raises(ValueError, match="users"):
-        UserRows(users, expected_users=4, max_examples_per_user=2, noise=NoiseSource.reproducible(0))
+        UserRows(users, 3, expected_users=4, max_examples_per_user=2, noise=NoiseSource.reproducible(0))
 
 
 def test_user_selection_counts_count_each_user_once_per_bucket():

@@ -67,12 +67,11 @@ import tensorflow as tf
 
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data.sampling import BatchSampler
-from tfdp_sparse.data.static_batches import StaticPoissonSampler
-from tfdp_sparse.data.user_sampling import with_padding_users
 from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.keras.private_setup import prepare_private
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
+from tfdp_sparse.run import PrivateRun, RunBudget, RunSampler
 from trainers import tensorboard
 from trainers.lib import steps as steps_lib
 from trainers.lib.budget import plan_steps
@@ -95,9 +94,9 @@ from trainers.lib.privacy import (
     run_shape,
     with_default_delta,
 )
-from trainers.lib.result import TrainResult, finish, mark_void
-from trainers.lib.static_batch import static_shape, with_truncation
-from trainers.lib.user_level import USER_COLUMN, UserRows, check_user_level, dense_user_ids, with_user_ids
+from trainers.lib.result import TrainResult, finish
+from trainers.lib.static_batch import static_shape
+from trainers.lib.user_level import USER_COLUMN, check_user_level, dense_user_ids
 
 __all__ = [
     "BatchSampler", "LoopConfig", "PerformanceFlags", "PreTrainingRelease", "TrainResult", "accounting_delta", "calibrate",
@@ -164,12 +163,15 @@ def train_privately(
     """
     check_user_level(unit, arrays, privacy.sampling, loop)
     noise = NoiseSource(loop.noise_seed)
-    n, users = validate_run(arrays, loop), None
+    n, user_ids = validate_run(arrays, loop), None
+    num_examples = n
     if unit.is_user_level:  # q, N and ε over users; the user column is not a feature
         user_ids = dense_user_ids(arrays[USER_COLUMN])
         arrays = {k: v for k, v in arrays.items() if k != USER_COLUMN}
-        users = UserRows(user_ids, loop.batch_size, unit.max_examples_per_user, noise)
-        n = users.num_users
+        n = int(user_ids.max()) + 1 if user_ids.size else 0
+        if loop.batch_size > n:
+            raise ValueError(f"batch_size={loop.batch_size} (expected users per step) is larger than the {n} users "
+                             "of the training data: q = B/N_users would exceed 1")
     privacy = with_default_delta(privacy, n)
     calibrating = privacy.target_epsilon is not None and loop.calibrate_noise
     identity = run_identity(privacy, calibrating, unit)
@@ -186,37 +188,27 @@ def train_privately(
     checkpoint = RunCheckpoint.open(loop.model_dir, model, optimizer, identity, resolved.privacy.noise_multiplier)
     if saved is not None:
         ledger = checkpoint.restore(saved)
-    mark_void(ledger, noise, resolved.privacy)  # before the first checkpoint: the marks outlive this run
-    start = ledger.steps
     static, accounting_charge = static_shape(loop, resolved, n, unit, setup.accounting,
                                              mechanism.fixed_shape_truncation(model))
-    budget_ledger = ledger if static is None else with_truncation(ledger, static, loop.steps - start)
-    planned, stop_reason = plan_steps(budget_ledger, accounting_charge.event, loop, resolved)
-
+    run = PrivateRun(mechanism, RunBudget(ledger, accounting_charge, resolved.privacy.target_epsilon,
+                                          resolved.certified_steps), unit)
+    start = ledger.steps
+    # the one run driver's begin (fit's too): the void marks (before the first checkpoint: they outlive this run),
+    # fresh secret generators, the steps the target allows
+    allowed = run.begin(noise, shuffled=resolved.privacy.sampling == "shuffle", planned=max(loop.steps - start, 0))
+    planned, stop_reason = plan_steps(allowed, run.budget, loop, resolved)
+    sampler = RunSampler(num_examples, loop.batch_size, noise, unit, sampling=resolved.privacy.sampling,
+                         user_ids=user_ids, num_users=n if unit.is_user_level else None,
+                         static_size=None if static is None else static.size)
     features = features or default_features(arrays)
-
-    def gather(idx: np.ndarray) -> tuple:
-        return features(arrays, idx)
-
-    if static is not None and users is not None:  # users of k slots each; a padded slot is a user of its own
-        signature, batches = steps_lib.static_batches(users.static(static.size), with_user_ids(gather, user_ids),
-                                                      start, planned, finish=with_padding_users)
-    elif static is not None:
-        sampler = StaticPoissonSampler(n, resolved.q, noise, size=static.size)
-        signature, batches = steps_lib.static_batches(sampler, gather, start, planned)
-    else:
-        if users is None:
-            sampler = BatchSampler(resolved.privacy.sampling, n, loop.batch_size, noise)
-        else:
-            sampler, gather = users, with_user_ids(gather, user_ids)
-        signature, batches = steps_lib.sampled_batches(sampler, gather, start, planned)
+    signature, batches = steps_lib.step_batches(sampler, lambda idx: features(arrays, idx), start, planned)
     compiled, batches = steps_lib.compile_step(step_fn, signature, batches, loop)
     board = tensorboard.open_training_log(loop.tensorboard_dir, clipped=mechanism.l2_norm_clip is not None)
-    stats = steps_lib.run_steps(compiled, batches, start, planned, ledger, accounting_charge, loop, board, checkpoint)
+    stats = steps_lib.run_steps(compiled, batches, start, planned, run.budget, loop, board, checkpoint)
     if board is not None:
         board.close()
-    mechanism.flush()
+    run.end(ledger.steps)  # no row leaves the run owing noise
     if planned > start:
         checkpoint.save(ledger)
     return finish(ledger, stats, resolved, optimizer, loop, start, stop_reason, noise, tuple(pre_training), unit,
-                  None if users is None else users.num_users)
+                  n if unit.is_user_level else None)

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 from typing import Callable, Optional, Sequence
 
@@ -60,6 +59,7 @@ from tfdp_sparse.data.prepared import parse_days
 from tfdp_sparse.data.prepared_rows import PreparedRows
 from trainers import loop as loop_lib
 from trainers import tensorboard
+from trainers.lib.planning import steps_for_epochs
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -97,17 +97,6 @@ def period_steps(sizes: Sequence[int], batch_size: int, steps: Optional[int], ep
     if epochs is None:
         return [int(steps)] * len(sizes)
     return [steps_for_epochs(epochs, n, batch_size) for n in sizes]
-
-
-def steps_for_epochs(epochs: float, num_examples: int, batch_size: int) -> int:
-    """``ceil(epochs * N / B)`` (at least 1): the steps whose expected examples cover ``epochs`` passes.
-
-    >>> steps_for_epochs(0.5, 280, 32)
-    5
-    """
-    if not epochs > 0:
-        raise ValueError(f"epochs must be > 0, got {epochs!r}")
-    return max(1, math.ceil(epochs * num_examples / batch_size))
 
 
 def calibrate_worst_period(privacy: PrivacyConfig, model: tf.keras.Model,

@@ -19,6 +19,7 @@ from absl import logging as absl_logging
 import dp_accounting
 
 from tfdp_sparse.keras_stack import stack_name
+from tfdp_sparse.run import guarantee_fields
 from trainers.loop import TrainResult
 
 SHUFFLE_NOTE = (
@@ -75,27 +76,17 @@ def _noise_multiplier(result: TrainResult) -> Optional[float]:
 def privacy_fields(result: TrainResult, outside_guarantee: Sequence[str] = ()) -> dict:
     """What the guarantee is, and what it is not: the privacy part of every metrics line.
 
-    ``private`` is true only when ``epsilon`` is a proven guarantee of this
-    run (secret noise, a DP mechanism, Poisson sampling); ``outside_guarantee``
-    names every data-dependent choice that ε does not cover. ``privacy_unit``
-    is the unit ε protects (``"example"``, or ``"user"`` with
-    ``max_examples_per_user``, ``user_clipping`` and ``training_users``, the
-    N of ``q = B_users / N_users``).
+    The fields of ``PrivateModel.report()`` too (:func:`tfdp_sparse.run.guarantee_fields`:
+    ``private``, the unit, the noise source, ``not_private_reasons``,
+    adaptive clipping's bound, ``outside_guarantee``), then the trainers'
+    own: ``delta_warning`` and the pre-training releases (a DP vocabulary).
     """
-    fields = {
-        "private": result.private,
-        **result.unit.describe(),
-        **result.noise_source.describe(),
-    }
-    if result.num_users is not None:
-        fields["training_users"] = result.num_users
-    if result.not_private_reasons:
-        fields["not_private_reasons"] = list(result.not_private_reasons)
+    fields = guarantee_fields(result.ledger, result.mechanism, result.unit, result.noise_source, outside_guarantee,
+                              result.num_users)
     if result.delta_warning:
         fields["delta_warning"] = result.delta_warning
     if result.pre_training:
         fields["pre_training_releases"] = [r.name for r in result.pre_training]
-    fields["outside_guarantee"] = list(outside_guarantee)
     return fields
 
 
@@ -148,9 +139,6 @@ def metrics_line(result: TrainResult, auc: Optional[float], dense_embedding_valu
     for name, value in result.mechanism.describe().items():
         if name not in line and isinstance(value, (int, float, str, bool)) and value is not None:
             line[name] = _round(value, 6) if isinstance(value, float) else value
-    if result.mechanism.adapts_clip:  # l2_norm_clip is the initial bound; the count's settings are in the line
-        line["clip_norm"] = _round(result.mechanism.clip_norm_now(), 6)
-        line["quantile_clipping"] = result.mechanism.plan.quantile_clipping.describe()
     line.update(table_optimizer_fields(result.optimizer))
     line.update(privacy_fields(result, outside))
     line.update(extra)

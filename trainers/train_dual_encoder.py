@@ -96,15 +96,15 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import movielens
 from tfdp_sparse.data.movielens_users import UserTimelineExamples
 from tfdp_sparse.mechanisms.plans.base import Plan
-from tfdp_sparse.keras_stack import is_keras_3, tf_variables
+from tfdp_sparse.keras_stack import tf_variables
 from tfdp_sparse.layers.tpu import EmbeddingBackend
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers import loop as loop_lib
 from trainers import common_flags
-from trainers import summary
-from trainers import tensorboard
 from trainers.lib import cluster as cluster_lib
 from trainers.lib import planning
+from trainers.lib import publish
+from trainers.lib import stack
 
 FLAGS = flags.FLAGS
 
@@ -351,42 +351,20 @@ def train_model(run: DualEncoderRun, train, num_rows: int):
     return model, result
 
 
-def check_keras_3(run: DualEncoderRun) -> None:
-    """What the Keras 3 stack does not run yet, refused by name (LazyDP: by the optimizer, with its reason)."""
-    backend = run.loop.performance.embedding_backend
-    refused = {
-        "--cluster": (run.cluster, "parameter-server training (ShardedDPOptimizer) is tf-keras only"),
-        "--embedding_backend": (None if backend is EmbeddingBackend.KERAS else backend.value,
-                                "the TPU embedding program is tf-keras only"),
-    }
-    for name, (value, why) in refused.items():
-        if value:
-            raise ValueError(f"{name}={value} is not supported on Keras 3 ({why}); run with --keras_stack=tf_keras "
-                             f"(TF_USE_LEGACY_KERAS=1)")
-
-
 def train_and_evaluate(run: DualEncoderRun) -> dict:
     """Trains, evaluates precision/recall@k; returns the metrics dict (also printed as JSON)."""
     run.privacy.validate()
     check_compatible(run.privacy, run.model)
     loop_lib.make_dense_optimizer(run.loop.dense_optimizer, run.loop.dense_learning_rate)
     loop_lib.table_rule_of(run.loop)
-    if is_keras_3():
-        check_keras_3(run)
+    backend = run.loop.performance.embedding_backend
+    stack.refuse_on_keras_3(run.cluster, None if backend is EmbeddingBackend.KERAS else backend.value)
     train, evaluation, num_rows, info = load_data(run.data, run.unit)
-    if run.plan_epochs is not None:
-        n = len(np.unique(train["user"])) if run.unit.is_user_level else len(train["label"])
-        loop, plan = planning.planned_loop(run.loop, run.privacy.target_epsilon, run.privacy.delta, n,
-                                           run.plan_epochs, run.unit)
-        run, info = dataclasses.replace(run, loop=loop), {**info, "planner": plan.describe()}
+    loop, info = publish.planned_steps(run.loop, run.privacy, run.unit, train, run.plan_epochs, None, info)
+    run = dataclasses.replace(run, loop=loop)
     model, result = train_model(run, train, num_rows)
     quality = dual_encoder.evaluate_retrieval(model, evaluation)
-    tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, quality)
-    extra = dict(info)
-    extra["outside_guarantee"] = [*extra.get("outside_guarantee", []),
-                                  *tensorboard.outside_guarantee(run.loop.tensorboard_dir,
-                                                                 run.loop.training_metrics)]
-    extra.update({k: round(v, 5) for k, v in quality.items()})
+    extra = {**info, **{k: round(v, 5) for k, v in quality.items()}}
     extra.update(context_tower=run.model.context_tower, negatives=run.model.negatives,
                  share_embeddings=run.model.share_embeddings, dim=run.model.dim,
                  context_dense=run.model.context_dense, learning_rate=run.loop.learning_rate)
@@ -397,11 +375,8 @@ def train_and_evaluate(run: DualEncoderRun) -> dict:
         extra.update(privacy_unit_note=PRIVACY_UNIT_NOTE)
     if run.cluster:
         extra.update(cluster_lib.cluster_fields(run.cluster, result))
-    metrics = summary.metrics_line(result, auc=None, dense_embedding_values=dense_embedding_values(model),
-                                   extra=extra)
-    metrics.pop("auc", None)
-    summary.emit(metrics, run.metrics_out)
-    return metrics
+    published = publish.Published(result, quality, extra, dense_embedding_values(model))
+    return publish.publish(published, run.loop, run.metrics_out)
 
 
 def sensitivity_caveat(model: dual_encoder.DualEncoderConfig) -> Optional[str]:

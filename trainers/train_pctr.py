@@ -56,7 +56,6 @@ if __name__ == "__main__":  # before TensorFlow is imported: no C++ startup nois
     startup.quiet_tensorflow_startup()
 
 import dataclasses
-import logging
 import sys
 import time
 from typing import Optional
@@ -71,7 +70,6 @@ from tfdp_sparse import mechanisms
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.data import prepared_rows
 from tfdp_sparse.data.vocabulary import VocabularyKind
-from tfdp_sparse.keras_stack import is_keras_3
 from tfdp_sparse.layers.tpu import EmbeddingBackend, split_functional_model
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
@@ -81,10 +79,10 @@ from trainers.pctr_data import DataConfig, PctrData
 from trainers import loop as loop_lib
 from trainers import periods
 from trainers import common_flags
-from trainers import summary
-from trainers import tensorboard
 from trainers.lib import cluster as cluster_lib
 from trainers.lib import planning
+from trainers.lib import publish
+from trainers.lib import stack
 
 FLAGS = flags.FLAGS
 
@@ -155,7 +153,6 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
                       "(tpu_emulator), or a TPU (tpu: only under a TPUStrategy)", **fv)
 
 
-log = logging.getLogger("tfdp_sparse.train")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,23 +225,10 @@ def _check_run(run: PctrRun) -> None:
                          "examples, not users; train on data with user ids")
     loop_lib.make_dense_optimizer(loop.dense_optimizer, loop.dense_learning_rate)
     loop_lib.table_rule_of(loop)
-    if is_keras_3():
-        _check_keras_3(run)
-
-
-def _check_keras_3(run: PctrRun) -> None:
-    """What the Keras 3 stack does not run yet, refused by name (before any data is read)."""
-    refused = {
-        "--cluster": (run.cluster, "parameter-server training (ShardedDPOptimizer) is tf-keras only"),
-        "--embedding_backend": (None if run.loop.performance.embedding_backend is EmbeddingBackend.KERAS
-                                else run.loop.performance.embedding_backend.value,
-                                "the TPU embedding program is tf-keras only"),
-        "--compare_dpsgd_step": (run.compare_dpsgd_step or None, "the dense DP-SGD timing uses tf-keras' DPOptimizer"),
-    }
-    for name, (value, why) in refused.items():
-        if value:
-            raise ValueError(f"{name}={value} is not supported on Keras 3 ({why}); run with --keras_stack=tf_keras "
-                             f"(TF_USE_LEGACY_KERAS=1)")
+    backend = run.loop.performance.embedding_backend
+    stack.refuse_on_keras_3(run.cluster, None if backend is EmbeddingBackend.KERAS else backend.value,
+                            compare_dpsgd_step=(run.compare_dpsgd_step or None,
+                                                "the dense DP-SGD timing uses tf-keras' DPOptimizer"))
 
 
 def _check_streaming(run: PctrRun) -> None:
@@ -288,56 +272,53 @@ def train_and_evaluate(run: PctrRun) -> dict:
     """
     _check_run(run)
     data = pctr_data.load_data(run.data, NoiseSource(run.loop.noise_seed), run.privacy.delta, run.loop.model_dir)
-    train, evaluation, vocab_sizes, info = data.train, data.evaluation, data.vocab_sizes, data.info
+    train, vocab_sizes = data.train, data.vocab_sizes
     if data.needs_checks:
         pctr_data.check_features(train, vocab_sizes, "training data")
-        pctr_data.check_features(evaluation, vocab_sizes, "evaluation data")
-    loop = run.loop
-    n = len(np.unique(train["user"])) if run.unit.is_user_level and "user" in train else len(train["label"])
-    if run.plan_epochs is not None:
-        if run.streaming_periods is not None:
-            raise ValueError("--streaming_periods needs --batch_size and --epochs (the planner plans one run)")
-        loop, plan = planning.planned_loop(loop, run.privacy.target_epsilon, run.privacy.delta, n, run.plan_epochs,
-                                           run.unit)
-        info = {**info, "planner": plan.describe()}
-    elif run.epochs is not None and run.streaming_periods is None:
-        loop = dataclasses.replace(loop, steps=periods.steps_for_epochs(run.epochs, n, loop.batch_size))
-        log.info("epochs=%g over N=%d %ss at B=%d: %d steps", run.epochs, n, run.unit.unit.value, loop.batch_size,
-                 loop.steps)
+        pctr_data.check_features(data.evaluation, vocab_sizes, "evaluation data")
+    if run.plan_epochs is not None and run.streaming_periods is not None:
+        raise ValueError("--streaming_periods needs --batch_size and --epochs (the planner plans one run)")
+    loop, info = publish.planned_steps(run.loop, run.privacy, run.unit, train, run.plan_epochs,
+                                       None if run.streaming_periods is not None else run.epochs, data.info)
     privacy = pctr_data.cap_k(run.privacy, vocab_sizes)
+    config = pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden)
+    evaluate = lambda m: pctr_data.evaluate_auc(m, data.evaluation)  # noqa: E731
+    board = None
     if run.cluster:
-        return _train_on_cluster(run, data, vocab_sizes, privacy, loop)
-    model = pctr.build_pctr_model(pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden), seed=run.loop.seed)
-    if run.streaming_periods is not None:
-        result, auc, period_fields = _train_periods(run, data, model, privacy)
-        info = {**info, **period_fields}
+        result, model, fields = _train_on_cluster(run, data, config, privacy, loop)
+        auc = evaluate(model)
+        board = {"auc": auc, "epsilon": result.epsilon}
+    elif run.streaming_periods is not None:
+        model = pctr.build_pctr_model(config, seed=run.loop.seed)
+        result, auc, fields = _train_periods(run, data, model, privacy)
+        board = {}  # each period wrote its own point
     else:
+        model = pctr.build_pctr_model(config, seed=run.loop.seed)
         result = loop_lib.train_privately(
             model, pctr.per_example_loss, train, privacy, loop, features=data.features,
             selection_counts=data.counts or _selection_counts(train, vocab_sizes, run.unit),
             pre_training=data.pre_training, tpu_split=tpu_split, unit=run.unit,
         )
-        auc = pctr_data.evaluate_auc(model, evaluation)
-        tensorboard.write_evaluation(run.loop.tensorboard_dir, result.steps, {"auc": auc})
-    info = {**info, "outside_guarantee": [*info.get("outside_guarantee", []),
-                                          *tensorboard.outside_guarantee(run.loop.tensorboard_dir,
-                                                                         run.loop.training_metrics)]}
-    dense_values = sum(v * pctr.embedding_dim(v) for v in vocab_sizes)
-    metrics = summary.metrics_line(result, auc=auc, dense_embedding_values=dense_values, extra=info)
-    if run.compare_dpsgd_step and metrics["step_ms"]:
+        auc, fields = evaluate(model), {}
+    info = {**info, **fields}
+    if run.compare_dpsgd_step and result.steps > result.resumed_from_step and result.step_ms:
         dp_ms = dense_dpsgd_step_ms(vocab_sizes, run.hidden, run.loop.batch_size, run.loop.seed)
-        metrics["dense_dpsgd_step_ms"] = round(dp_ms, 2)
-        metrics["speedup_vs_dense_dpsgd"] = round(dp_ms / max(result.step_ms, 1e-9), 2)
-    if run.export_dir:
-        export_lib.export_saved_model(pctr.PctrServing(model), run.export_dir, result.mechanism)
-        metrics["export_dir"] = run.export_dir
-    summary.emit(metrics, run.metrics_out)
-    return metrics
+        info.update(dense_dpsgd_step_ms=round(dp_ms, 2), speedup_vs_dense_dpsgd=round(dp_ms / result.step_ms, 2))
+    dense_values = sum(v * pctr.embedding_dim(v) for v in vocab_sizes)
+    published = publish.Published(result, {"auc": auc}, info, dense_values)
+    export = None if not run.export_dir else lambda: _export(model, run.export_dir, None if run.cluster else result)
+    return publish.publish(published, loop, run.metrics_out, export, auc=auc, evaluation_to_board=board)
 
 
-def _train_on_cluster(run: PctrRun, data: PctrData, vocab_sizes, privacy: PrivacyConfig,
-                      loop: loop_lib.LoopConfig) -> dict:
-    """``--cluster``: trains on parameter servers (:mod:`trainers.lib.cluster`), evaluates and exports here."""
+def _export(model: tf.keras.Model, export_dir: str, result) -> str:
+    """The SavedModel ``serve(cat, dense) -> probability`` in ``export_dir`` (refused with pending lazy noise)."""
+    export_lib.export_saved_model(pctr.PctrServing(model), export_dir, None if result is None else result.mechanism)
+    return export_dir
+
+
+def _train_on_cluster(run: PctrRun, data: PctrData, config: pctr.PctrConfig, privacy: PrivacyConfig,
+                      loop: loop_lib.LoopConfig):
+    """``--cluster``: ``(TrainResult, local model, cluster fields)`` of a run on parameter servers."""
     if run.streaming_periods is not None:
         raise ValueError(f"--cluster={run.cluster} does not support streaming_periods={run.streaming_periods}: "
                          "train on one machine for it")
@@ -346,22 +327,10 @@ def _train_on_cluster(run: PctrRun, data: PctrData, vocab_sizes, privacy: Privac
               "label": np.asarray(train["label"], np.float32).reshape(-1, 1)}
     if "user" in train:  # the user level: each step's users drawn on the worker (tfdp_sparse.distribute.users)
         arrays["user"] = np.asarray(train["user"])
-    config = pctr.PctrConfig(vocab_sizes=tuple(vocab_sizes), hidden=run.hidden)
     result, model = cluster_lib.train_on_cluster(
         run.cluster, lambda: pctr.build_pctr_model(config, seed=loop.seed), lambda _: pctr.per_example_loss,
         arrays, privacy, loop, feature_names=("cat", "dense"), pre_training=data.pre_training, unit=run.unit)
-    auc = pctr_data.evaluate_auc(model, data.evaluation)
-    tensorboard.write_evaluation(loop.tensorboard_dir, result.steps, {"auc": auc, "epsilon": result.epsilon})
-    info = {**data.info, **cluster_lib.cluster_fields(run.cluster, result)}
-    info["outside_guarantee"] = [*info.get("outside_guarantee", []), *tensorboard.outside_guarantee(loop.tensorboard_dir,
-                                                                                               loop.training_metrics)]
-    metrics = summary.metrics_line(result, auc=auc, dense_embedding_values=sum(v * pctr.embedding_dim(v) for v in vocab_sizes),
-                                   extra=info)
-    if run.export_dir:
-        export_lib.export_saved_model(pctr.PctrServing(model), run.export_dir, None)
-        metrics["export_dir"] = run.export_dir
-    summary.emit(metrics, run.metrics_out)
-    return metrics
+    return result, model, cluster_lib.cluster_fields(run.cluster, result)
 
 
 def run_from_flags(fv: flags.FlagValues = FLAGS) -> PctrRun:

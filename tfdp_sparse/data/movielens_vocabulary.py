@@ -15,12 +15,15 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # annotations only: the reader imports this module
-    from tfdp_sparse.data.movielens_ratings import RatingsTable
+
+class HasMovieIds(Protocol):
+    """Anything with the raw movie ids it rates (a :class:`~tfdp_sparse.data.movielens_ratings.RatingsTable`)."""
+
+    movie_ids: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +46,7 @@ class MovieVocabulary:
         return cls(raw_ids=raw)
 
     @classmethod
-    def from_table(cls, table: RatingsTable) -> "MovieVocabulary":
+    def from_table(cls, table: HasMovieIds) -> "MovieVocabulary":
         """The movies that occur in ``table`` (use a catalogue for a fixed id space)."""
         return cls.from_ids(table.movie_ids)
 

@@ -11,41 +11,25 @@ warns when the mean batch size is implausible for the expected ``B``.
 
 Example::
 
-    callback = PrivacyCallback(state, accounting)      # made by make_private; first in fit's callbacks
+    callback = PrivacyCallback(state, PrivateRun(mechanism, budget, unit), expected_batch_size=256)  # make_private
     history = model.fit(...)
     history.history["epsilon"]                          # one value per epoch
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from typing import Optional
 
 import tensorflow as tf
 
-from tfdp_sparse.accounting.budget import max_steps_within_budget
 from tfdp_sparse.accounting.ledger import PrivacyLedger
-from tfdp_sparse.accounting.step_accounting import StepAccounting
-from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.noise_source import NoiseSource
+from tfdp_sparse.run.budget import RunBudget
+from tfdp_sparse.run.driver import PrivateRun
 
 log = logging.getLogger("tfdp_sparse.keras")
-
-
-@dataclasses.dataclass(frozen=True)
-class RunCharge:
-    """How a private ``fit`` charges its steps: the step's accounting, the budget and the expected ``B``."""
-
-    step: StepAccounting
-    target_epsilon: Optional[float]
-    expected_batch_size: int
-    #: steps proven within the target by σ's calibration (no budget search up to them), or ``None``
-    certified_steps: Optional[int] = None
-
-    @property
-    def delta(self) -> float:
-        return self.step.delta
 
 
 class PrivacyState(tf.Module):
@@ -72,103 +56,74 @@ class PrivacyState(tf.Module):
         return [self.steps.assign_add(1), self.examples.assign_add(tf.cast(batch_size, tf.int64))]
 
 
-def sync_ledger(state: PrivacyState, ledger: PrivacyLedger, charge: RunCharge) -> PrivacyLedger:
-    """``ledger`` with every executed step of ``state`` recorded, and written back to ``state``.
+def sync_ledger(state: PrivacyState, budget: RunBudget) -> PrivacyLedger:
+    """The run's ledger with every executed step of ``state`` recorded, and written back to ``state``.
 
     Steps are counted in the graph as they run, so a step that ran is charged
-    and one that did not is not; the ledger catches up here.
+    and one that did not is not; the ledger catches up here
+    (:meth:`~tfdp_sparse.run.budget.RunBudget.record_to`, as the trainers' loop does after each step).
     """
-    executed = int(state.steps.numpy())
-    new = executed - ledger.steps
-    if new < 0:
-        raise ValueError(f"the model's step counter ({executed}) is behind its ledger ({ledger.steps} steps): the "
-                         "checkpoint and the ledger come from different runs")
-    if new:
-        charge.step.charge(ledger, new)
+    ledger = budget.record_to(int(state.steps.numpy()))
     state.ledger_json.assign(ledger.to_json())
     return ledger
 
 
-def epsilon_of(ledger: PrivacyLedger, charge: RunCharge) -> Optional[float]:
-    """ε so far, or ``None`` when the run has no guarantee (EANA, a coupled loss)."""
-    return charge.step.epsilon(ledger)
-
-
 class PrivacyCallback(tf.keras.callbacks.Callback):
-    """Ledger, (ε, δ) in the epoch logs, budget stop, batch-size sanity (see module doc)."""
+    """``fit``'s side of the one run driver (:class:`~tfdp_sparse.run.driver.PrivateRun`; see module doc)."""
 
-    def __init__(self, state: PrivacyState, ledger: PrivacyLedger, charge: RunCharge, mechanism: Mechanism):
+    def __init__(self, state: PrivacyState, run: PrivateRun, expected_batch_size: int):
         super().__init__()
-        self.state, self.ledger, self.charge, self.mechanism = state, ledger, charge, mechanism
+        self.state, self.run = state, run
+        self.expected_batch_size = expected_batch_size
         self.allowed_steps: Optional[int] = None
         self.stop_reason: Optional[str] = None
-        self._planned_steps: Optional[int] = None
         self._warned = False
-        self._checked_allowed: Optional[tuple] = None
 
-    def plan(self, num_steps: Optional[int]) -> None:
-        """The number of steps the coming ``fit`` feeds (``None``: unknown, a user dataset)."""
-        self._planned_steps = num_steps
+    @property
+    def budget(self) -> RunBudget:
+        return self.run.budget
 
-    def budget_spent(self) -> bool:
-        """True when not one more step fits the target ε: ``fit`` then runs no step (see :meth:`empty_history`).
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """The run's ledger (caught up with the executed steps at each callback)."""
+        return self.run.ledger
 
-        Keras runs a step before it reads ``stop_training``, so a callback
-        alone cannot keep a repeated ``fit`` from one step past the budget.
+    def begin(self, noise: NoiseSource, shuffled: bool, num_steps: Optional[int]) -> bool:
+        """Begins a ``fit`` of ``num_steps`` (``None``: unknown, a user's dataset) through :meth:`PrivateRun.begin`.
+
+        Returns True when not one more step fits the target ε: ``fit`` then
+        runs no step (see :meth:`empty_history`); Keras runs a step before it
+        reads ``stop_training``, so a callback alone could not keep a repeated
+        ``fit`` from one step past the budget.
         """
-        self.ledger = sync_ledger(self.state, self.ledger, self.charge)
-        allowed = self._allowed()
-        self._checked_allowed = (self.ledger.steps, allowed)  # on_train_begin reuses it: no second search
-        return allowed is not None and allowed <= self.ledger.steps
+        self.state.check_unit()
+        sync_ledger(self.state, self.budget)
+        done = self.ledger.steps
+        allowed = self.run.begin(noise, shuffled, num_steps)
+        if allowed is not None and num_steps is not None and allowed >= done + num_steps:
+            allowed = None  # the whole plan fits the budget: nothing to stop
+        self.allowed_steps, self.stop_reason = allowed, None
+        return allowed is not None and allowed <= done
 
     def remaining_steps(self) -> Optional[int]:
-        """Steps the target ε still allows after :meth:`budget_spent` (``None``: no target, or no guarantee)."""
-        if self._checked_allowed is None or self._checked_allowed[1] is None:
-            return None
-        steps, allowed = self._checked_allowed
-        return max(allowed - steps, 0)
+        """Steps the target ε still allows after :meth:`begin` (``None``: the plan fits, or no budget applies)."""
+        return None if self.allowed_steps is None else max(self.allowed_steps - self.ledger.steps, 0)
 
     def empty_history(self, model) -> tf.keras.callbacks.History:
         """The ``History`` of a ``fit`` that ran no step because the budget is spent (reason logged and kept)."""
         self.allowed_steps = self.ledger.steps
-        self.stop_reason = (
-            f"privacy budget: after {self.ledger.steps} steps one more step would exceed target_epsilon="
-            f"{self.charge.target_epsilon} at delta={self.charge.delta:.3g}; fit ran no step")
+        self.stop_reason = self.budget.stop_reason(self.ledger.steps, None) + "; fit ran no step"
         log.warning("%s", self.stop_reason)
         history = tf.keras.callbacks.History()
         history.set_model(model)
         return history
 
     def on_train_begin(self, logs=None):
-        self.state.check_unit()
-        self.mechanism.refresh_noise()  # a restored or repeated fit never reuses generator state
-        self.ledger = sync_ledger(self.state, self.ledger, self.charge)
-        self.stop_reason = None
-        checked, self._checked_allowed = self._checked_allowed, None
-        self.allowed_steps = checked[1] if checked is not None and checked[0] == self.ledger.steps else self._allowed()
-        if self._planned_steps is not None and self.allowed_steps is not None:
-            if self.allowed_steps >= self.ledger.steps + self._planned_steps:
-                self.allowed_steps = None  # the whole plan fits the budget: nothing to stop
-        if self.allowed_steps is not None and self.allowed_steps <= self.ledger.steps:
+        if self.allowed_steps is not None and self.allowed_steps <= int(self.state.steps.numpy()):
             self._stop()
 
-    def _allowed(self) -> Optional[int]:
-        step = self.charge.step
-        if self.charge.target_epsilon is None or step.event is None or not self.ledger.is_private:
-            return None
-        certified, planned = self.charge.certified_steps, self._planned_steps
-        if certified is not None and planned is not None and self.ledger.steps + planned <= certified:
-            # σ was calibrated so that the one-off events plus `certified` steps meet the target: the whole
-            # plan fits, proven without a search (a lower bound on the allowed steps, all this fit needs).
-            return self.ledger.steps + planned
-        more = max_steps_within_budget(self.ledger, step.event, self.charge.target_epsilon, step.delta,
-                                       step.accountant)
-        return self.ledger.steps + more
-
     def _stop(self) -> None:
-        self.stop_reason = (
-            f"privacy budget: after {self.allowed_steps} steps one more step would exceed target_epsilon="
-            f"{self.charge.target_epsilon} at delta={self.charge.delta:.3g}; fit stopped before it")
+        self.stop_reason = self.budget.stop_reason(self.allowed_steps, None) + "; fit stopped before it"
         log.warning("%s", self.stop_reason)
         self.model.stop_training = True
 
@@ -177,23 +132,23 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
             self._stop()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.ledger = sync_ledger(self.state, self.ledger, self.charge)
+        sync_ledger(self.state, self.budget)
         if logs is not None:
             # ε only where it holds: a void run (fixed-size tf.data batches, reproducible noise) shows NaN.
-            epsilon = None if self.ledger.void_reasons else epsilon_of(self.ledger, self.charge)
+            epsilon = None if self.ledger.void_reasons else self.budget.epsilon()
             logs["epsilon"] = float("nan") if epsilon is None else epsilon
-            logs["delta"] = self.charge.delta
+            logs["delta"] = self.budget.delta
         self._check_batch_size()
 
     def on_train_end(self, logs=None):
-        self.mechanism.flush()  # nothing leaves fit with pending lazy noise
-        self.ledger = sync_ledger(self.state, self.ledger, self.charge)
+        self.run.end(int(self.state.steps.numpy()))  # nothing leaves fit with pending lazy noise
+        sync_ledger(self.state, self.budget)
 
     def _check_batch_size(self) -> None:
         steps, examples = int(self.state.steps.numpy()), int(self.state.examples.numpy())
         if self._warned or steps < 10 or self.ledger.privacy_unit == "user":
             return  # at the user level B counts users and the state counts examples: nothing to compare
-        mean, b = examples / steps, self.charge.expected_batch_size
+        mean, b = examples / steps, self.expected_batch_size
         # Poisson batches: the mean of `steps` batch sizes has std below sqrt(B / steps).
         if abs(mean - b) > max(6.0 * math.sqrt(b / steps), 0.05 * b):
             self._warned = True

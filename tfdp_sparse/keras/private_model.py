@@ -33,29 +33,26 @@ import os
 import sys
 from typing import Optional
 
-import numpy as np
 import tensorflow as tf
 
 from tfdp_sparse.accounting.ledger import SHUFFLED_BATCHES, PrivacyLedger
 from tfdp_sparse.accounting.truncation import StaticBatchPlan
-from tfdp_sparse.data.sampling import PoissonSampler, sampled_batch_dataset
-from tfdp_sparse.data.static_batches import StaticPoissonSampler, static_batch_dataset
 from tfdp_sparse.keras.coupling import CouplingCheck, check_no_coupling, model_generators, owner_of
 from tfdp_sparse.keras.fit_inputs import (  # noqa: F401  (IndexedSource: the documented source type)
     IndexedSource, as_tuples, gather_of, refuse_fit_arguments, refuse_weights)
 from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.keras.per_example_loss import per_example_loss_fn
 from tfdp_sparse.keras.private_config import RAW_METRICS_RELEASE, VALIDATION_RELEASE, PrivateFitConfig
-from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, RunCharge, epsilon_of, sync_ledger
+from tfdp_sparse.keras.privacy_callback import PrivacyCallback, PrivacyState, sync_ledger
 from tfdp_sparse.keras.read_guard import INSPECTS_REASON, FlushBeforeUserCallbacks, inspects_pending_noise
 from tfdp_sparse.step.train_step import private_train_step
-from tfdp_sparse.keras.user_batches import UserGather, check_user_ids
 from tfdp_sparse.clipping.user_norms import UserSegments
-from tfdp_sparse.data.user_sampling import StaticUserSampler, UserPoissonSampler, with_padding_users
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.keras_stack import tf_variables
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.planner import TrainingPlan
+from tfdp_sparse.run import PrivateRun, RunBudget, RunSampler
+from tfdp_sparse.run.batches import check_user_ids
 
 log = logging.getLogger("tfdp_sparse.keras")
 
@@ -86,16 +83,16 @@ class PrivateModel(tf.keras.Model):
     ``predict`` and ``evaluate`` go to it.
     """
 
-    def __init__(self, model: tf.keras.Model, optimizer: DPOptimizer, ledger: PrivacyLedger,
-                 charge: RunCharge, config: PrivateFitConfig, loss, outside_guarantee: tuple,
+    def __init__(self, model: tf.keras.Model, optimizer: DPOptimizer, budget: RunBudget,
+                 config: PrivateFitConfig, loss, outside_guarantee: tuple,
                  static_plan: Optional[StaticBatchPlan] = None, **kwargs):
         super().__init__(**kwargs)
         self.model = model
         self.dp_optimizer = optimizer
         self.privacy_state = PrivacyState(json.dumps(config.privacy_unit.describe(), sort_keys=True))
         self.config = config
-        self._charge = charge
-        self._ledger = ledger
+        self._budget = budget
+        self._run = PrivateRun(optimizer.mechanism, budget, config.privacy_unit)
         self._per_example = per_example_loss_fn(loss)
         self._tfrs = _is_tfrs_model(model)
         self._outside = outside_guarantee
@@ -108,7 +105,7 @@ class PrivateModel(tf.keras.Model):
         # the coupling check passed for this (loss, model variables, batch size):
         self._coupling_key: Optional[tuple] = None
         self._coupling: Optional[CouplingCheck] = None
-        self.privacy_callback = PrivacyCallback(self.privacy_state, ledger, charge, optimizer.mechanism)
+        self.privacy_callback = PrivacyCallback(self.privacy_state, self._run, config.batch_size)
         if self._per_example is None and not self._tfrs:
             raise ValueError("make_private needs loss= (a per-example loss, e.g. tf.keras.losses.BinaryCrossentropy("
                              "from_logits=True)) unless the model is a tfrs.Model with its own compute_loss")
@@ -154,12 +151,11 @@ class PrivateModel(tf.keras.Model):
     def train_step(self, data):
         users = None
         mask = None
-        if self.config.privacy_unit.is_user_level:  # (x, y, user ids[, mask]) from the user-level sampler
-            x, y, user_ids, *fixed = data
-            mask = fixed[0] if fixed else None  # each padded slot is a user of its own (id < 0), with no gradient
-            users = self.config.privacy_unit.clipping(UserSegments.from_user_ids(user_ids))
-        elif self.static_plan is not None:  # (x, y, mask): a Poisson batch padded to the fixed shape
-            x, y, mask = data
+        if self.config.privacy_unit.is_user_level or self.static_plan is not None:  # RunSampler's (x, y[, mask][, users])
+            x, y, *rest = data
+            mask = rest.pop(0) if self.static_plan is not None else None  # a Poisson batch padded to the fixed shape
+            if rest:  # each padded slot is a user of its own (id < 0), with no gradient
+                users = self.config.privacy_unit.clipping(UserSegments.from_user_ids(rest[0]))
         else:
             x, y, weights = tf.keras.utils.unpack_x_y_sample_weight(data)
             refuse_weights(weights)
@@ -207,8 +203,9 @@ class PrivateModel(tf.keras.Model):
         spe = self.config.steps if self.config.steps is not None else self.config.steps_per_epoch
         epochs = epochs if epochs is not None else (self.config.epochs or 1)
         dataset = self._batches(x, y, (epochs - initial_epoch) * spe, user_ids)
-        self.privacy_callback.plan(None if dataset is None else (epochs - initial_epoch) * spe)
-        if self.privacy_callback.budget_spent():
+        noise = NoiseSource(self.config.noise_seed)
+        if self.privacy_callback.begin(noise, shuffled=dataset is None,
+                                       num_steps=None if dataset is None else (epochs - initial_epoch) * spe):
             return self.privacy_callback.empty_history(self)  # not one more step fits the target epsilon
         remaining = self.privacy_callback.remaining_steps()
         if dataset is not None and remaining is not None:
@@ -260,7 +257,7 @@ class PrivateModel(tf.keras.Model):
         self.dp_optimizer.recorder()  # raises if the model lost its taps (layers added after make_private)
 
     def _batches(self, x, y, num_steps: int, user_ids=None) -> Optional[tf.data.Dataset]:
-        """Poisson batches from arrays or an indexed source, or ``None`` for a user dataset (labelled)."""
+        """Poisson batches from arrays or an indexed source (:class:`RunSampler`), or ``None`` for a user dataset."""
         unit = self.config.privacy_unit
         if user_ids is not None and not unit.is_user_level:
             raise ValueError("fit(user_ids=...) is for the user level: make_private(privacy_unit="
@@ -271,39 +268,20 @@ class PrivateModel(tf.keras.Model):
         if isinstance(x, tf.data.Dataset):
             if y is not None:
                 raise ValueError("with a tf.data.Dataset, labels come from the dataset (y must be None)")
-            self._sampling = "shuffle"
-            self.privacy_callback.ledger.record_run_voids(None, shuffled=True)
+            self._sampling = "shuffle"  # marked not private by fit's begin (PrivateRun.begin)
             log.warning("NOT PRIVATE: %s; pass arrays or an indexed source for Poisson batches", SHUFFLED_BATCHES)
             return None
         gather, pairs = gather_of(x, y, self.config.num_examples)
         noise = NoiseSource(self.config.noise_seed)
-        self.privacy_callback.ledger.record_run_voids(noise.not_private_reason, shuffled=False)
-        sampler = PoissonSampler(self.config.num_examples, self.config.sampling_rate, noise)
-        batch_gather = gather
         if unit.is_user_level:
-            ids = check_user_ids(user_ids, self.config.num_examples, self.config.num_users)
-            batch_gather = UserGather(gather, ids, self.config.num_users)
-            sampler = UserPoissonSampler(batch_gather.offsets, self.config.batch_size, unit.max_examples_per_user,
-                                         noise)
-        self._check_coupling(gather, pairs, self._expected_examples(batch_gather if unit.is_user_level else None))
-        if self.static_plan is None:
-            return sampled_batch_dataset(sampler, batch_gather, num_steps)
-        if not pairs:
+            user_ids = check_user_ids(user_ids, self.config.num_examples, self.config.num_users)
+        if self.static_plan is not None and not pairs:
             raise ValueError("static_batch needs labelled data (x and y, or an indexed source of (x, y) pairs)")
-        if unit.is_user_level:
-            users = StaticUserSampler(sampler, users=self.static_plan.size)
-            return static_batch_dataset(users, batch_gather, num_steps, finish=with_padding_users).map(
-                lambda xyu, mask: (*xyu, mask))
-        static = StaticPoissonSampler(self.config.num_examples, self.config.sampling_rate, noise,
-                                      size=self.static_plan.size)
-        return static_batch_dataset(static, gather, num_steps).map(lambda xy, mask: (*xy, mask))
-
-    def _expected_examples(self, users: Optional[UserGather]) -> float:
-        """Expected examples per Poisson batch: ``B`` (examples), or ``q · Σ_u min(n_u, k)`` (users)."""
-        if users is None:
-            return float(self.config.batch_size)
-        counts = np.minimum(np.diff(users.offsets), self.config.privacy_unit.max_examples_per_user)
-        return float(self.config.sampling_rate * counts.sum())
+        sampler = RunSampler(self.config.num_examples, self.config.batch_size, noise, unit, user_ids=user_ids,
+                             num_users=self.config.num_users,
+                             static_size=None if self.static_plan is None else self.static_plan.size)
+        self._check_coupling(gather, pairs, sampler.expected_examples)
+        return sampler.dataset(gather, num_steps)
 
     def _check_coupling(self, gather, pairs: bool, batch_size: float) -> None:
         """Runs :func:`check_no_coupling` unless this loss, model and batch size passed it already (or opted out)."""
@@ -331,7 +309,7 @@ class PrivateModel(tf.keras.Model):
         self._coupling_key = key
 
     def _ledger_void(self, reason: str) -> None:
-        self.privacy_callback.ledger.record_void(reason)
+        self._budget.ledger.record_void(reason)
 
     # -- saving: never with pending lazy noise ----------------------------------
 
@@ -346,7 +324,7 @@ class PrivateModel(tf.keras.Model):
         :meth:`load_weights` restores too, to resume.
         """
         self.mechanism.flush()
-        sync_ledger(self.privacy_state, self.privacy_callback.ledger, self._charge)
+        sync_ledger(self.privacy_state, self._budget)
         out = self._write_weights(filepath, *args, **kwargs)
         self._private_state().write(private_state_path(filepath))
         return out
@@ -398,51 +376,45 @@ class PrivateModel(tf.keras.Model):
     @property
     def ledger(self) -> PrivacyLedger:
         """The run's ledger, with every executed step recorded."""
-        return sync_ledger(self.privacy_state, self.privacy_callback.ledger, self._charge)
+        return sync_ledger(self.privacy_state, self._budget)
 
     def epsilon(self) -> Optional[float]:
         """ε spent so far at the run's δ (``None`` when the run has no guarantee)."""
-        return epsilon_of(self.ledger, self._charge)
+        self.ledger  # caught up with the executed steps
+        return self._budget.epsilon()
 
     def report(self) -> dict:
-        """The trainers' privacy fields for this run (``private``, ``not_private_reasons``, ``outside_guarantee``, ...)."""
+        """The trainers' privacy fields for this run (``private``, ``not_private_reasons``, ``outside_guarantee``, ...).
+
+        The guarantee's fields are the trainers' own (:meth:`PrivateRun.guarantee_fields`).
+        """
         ledger = self.ledger
-        reasons = list(dict.fromkeys(ledger.void_reasons + ledger.not_private_reasons))
         plan = self.mechanism.plan
         described = plan.describe()
+        unit = self.config.privacy_unit
         out = {
             "algorithm": plan.name,
-            "epsilon": epsilon_of(ledger, self._charge),
-            "delta": self._charge.delta,
+            "epsilon": self._budget.epsilon(),
+            "delta": self._budget.delta,
             # DP-AdaFEST(+) name the gradient's σ sigma2 (its map's is sigma1)
             "noise_multiplier": described.get("noise_multiplier", described.get("sigma2")),
             "l2_norm_clip": self.mechanism.l2_norm_clip,
             "steps": ledger.steps,
             "sampling": self._sampling,
-            "accountant": self._charge.step.accountant,
-            "target_epsilon": self._charge.target_epsilon,
+            "accountant": self._budget.accountant,
+            "target_epsilon": self._budget.target_epsilon,
             "stop_reason": self.privacy_callback.stop_reason,
-            "private": not reasons,
-            **self.config.privacy_unit.describe(),
-            **self.mechanism.noise_source.describe(),
-            "outside_guarantee": [*self._outside, *self._released],
+            **self._run.guarantee_fields([*self._outside, *self._released],
+                                         self.config.num_users if unit.is_user_level else None),
             "coupling_check": self._coupling.describe() if self._coupling else None,
         }
-        if self.mechanism.adapts_clip:  # l2_norm_clip is then the initial bound
-            out["clip_norm"] = self.mechanism.clip_norm_now()
-            out["quantile_clipping"] = described["quantile_clipping"]
-        if self.config.privacy_unit.is_user_level:
-            out["training_users"] = self.config.num_users
         if self.training_plan is not None:
             out["planner"] = self.training_plan.describe()
         if self.static_plan is not None:
-            slots = self.static_plan.size * (self.config.privacy_unit.max_examples_per_user
-                                             if self.config.privacy_unit.is_user_level else 1)
+            slots = self.static_plan.size * (unit.max_examples_per_user if unit.is_user_level else 1)
             out["static_batch"] = {"size": self.static_plan.size, "example_slots": slots,
                                    "truncation_probability_per_step": self.static_plan.truncation_probability,
                                    "slot_overflow_probability_per_step": self.static_plan.slot_overflow_probability,
                                    "truncation_delta_share": ledger.truncation_delta_share(
-                                       self._charge.delta, self._charge.step.accountant) if ledger.is_private else None}
-        if reasons:
-            out["not_private_reasons"] = reasons
+                                       self._budget.delta, self._budget.accountant) if ledger.is_private else None}
         return out

@@ -32,13 +32,13 @@ from tfdp_sparse.clipping.coverage import data_dependent_state
 from tfdp_sparse.clipping.registry import LayerRegistry
 from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras.per_example_loss import per_example_loss_fn
-from tfdp_sparse.keras.privacy_callback import RunCharge
 from tfdp_sparse.keras.private_config import PrivateFitConfig
 from tfdp_sparse.keras.private_model import PrivateModel
 from tfdp_sparse.keras.private_model_keras3 import Keras3PrivateModel
 from tfdp_sparse.keras.private_setup import RunShape, SelectionCounts, SetupOptions, prepare_private
 from tfdp_sparse.keras_stack import is_keras_3, sublayers
 from tfdp_sparse.mechanisms.base import Mechanism
+from tfdp_sparse.run import RunBudget
 from tfdp_sparse.planner import TrainingPlan, min_steps_for, plan_training
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
@@ -141,15 +141,14 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
     if static is not None:  # the mechanism's own fixed slots (DP-AdaFEST's compiled false positives) truncate too
         static = dataclasses.replace(static, slot_overflow_probability=setup.optimizer.mechanism.fixed_shape_truncation(
             model))
-    accounting, certified = setup.accounting, setup.resolved.certified_steps
+    accounting = setup.accounting
     if static is not None:
-        # Truncation adds to δ at the run's ε, which σ's calibration did not see: the budget is checked step by
-        # step with it (no certified shortcut), so no step overruns the target.
+        # Truncation adds to δ at the run's ε, which σ's calibration did not see: the budget charges it for the
+        # planned steps before its search (RunBudget skips the certified shortcut then), so no step overruns.
         accounting = dataclasses.replace(accounting, truncation_probability=static.truncation_probability)
-        certified = None
-    charge = RunCharge(accounting, setup.privacy.target_epsilon, batch_size, certified)
-    private = _model_class()(model, setup.optimizer, setup.ledger, charge, config,
-                             per_example_loss_fn(loss, loss_weights), _outside_guarantee(model), static_plan=static)
+    budget = RunBudget(setup.ledger, accounting, setup.privacy.target_epsilon, setup.resolved.certified_steps)
+    private = _model_class()(model, setup.optimizer, budget, config, per_example_loss_fn(loss, loss_weights),
+                             _outside_guarantee(model), static_plan=static)
     private.training_plan = plan
     return private
 

@@ -154,8 +154,8 @@ class RunCheckpoint:
             log.warning("%s was written before LazyDP kept its own step record; resumed it at step %d",
                         saved.path, saved.ledger.steps)
         status.expect_partial()  # slots of a run that stops at once are never built: no warning for them
-        # Secure noise: fresh generator state, so two resumes of one checkpoint never add the same noise.
-        self._mechanism.refresh_noise()
+        # Secure noise gets fresh generator state at the run's begin (tfdp_sparse.run.PrivateRun.begin), so two
+        # resumes of one checkpoint never add the same noise.
         log.info("resumed from %s at step %d", saved.path, saved.ledger.steps)
         return saved.ledger
 

@@ -47,6 +47,8 @@ from tfdp_sparse.distribute import run as cluster_run
 from tfdp_sparse.layers.tpu import EmbeddingBackend
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
+from tfdp_sparse.accounting.step_accounting import StepAccounting
+from tfdp_sparse.run import RunBudget
 from trainers.lib.budget import plan_steps
 from trainers.lib.config import LoopConfig, PreTrainingRelease
 from tfdp_sparse.keras.private_setup import SetupOptions, open_ledger
@@ -129,8 +131,10 @@ def train_on_cluster(cluster: str, build_model: Callable[[], tf.keras.Model],
     ledger = open_ledger(mechanisms.build(resolved.privacy),
                          SetupOptions(pre_training=tuple(pre_training), not_private_reason=sensitivity_caveat,
                                       unit=unit))
-    event, _ = step_event_of(resolved.plan, resolved.q)
-    planned, stop_reason = plan_steps(ledger, event, loop, resolved)
+    event, not_private = step_event_of(resolved.plan, resolved.q)
+    step = StepAccounting(event, not_private, resolved.delta, resolved.privacy.accountant)
+    budget = RunBudget(ledger, step, resolved.privacy.target_epsilon, resolved.certified_steps)
+    planned, stop_reason = plan_steps(budget.allowed_steps(loop.steps), budget, loop, resolved)
     features = {name: np.asarray(arrays[name]) for name in feature_names}
     labels = np.asarray(arrays["label"])
     dense = None if loop.dense_optimizer == "sgd" else (

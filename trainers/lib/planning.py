@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import logging
 from typing import Optional
 
@@ -54,3 +55,14 @@ def planned_loop(loop: LoopConfig, target_epsilon: float, delta: Optional[float]
                          compute_examples=max(1, int(round(epochs * num_units))), min_steps=min_steps_for(k))
     log.info("planner (no --batch_size or --steps given):\n%s", plan.table())
     return dataclasses.replace(loop, batch_size=plan.chosen.batch_size, steps=plan.chosen.steps), plan
+
+
+def steps_for_epochs(epochs: float, num_examples: int, batch_size: int) -> int:
+    """``ceil(epochs * N / B)`` (at least 1): the steps whose expected examples cover ``epochs`` passes.
+
+    >>> steps_for_epochs(0.5, 280, 32)
+    5
+    """
+    if not epochs > 0:
+        raise ValueError(f"epochs must be > 0, got {epochs!r}")
+    return max(1, math.ceil(epochs * num_examples / batch_size))

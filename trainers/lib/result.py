@@ -14,6 +14,7 @@ from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
+from tfdp_sparse.run import not_private_reasons
 
 log = logging.getLogger("tfdp_sparse.train")
 
@@ -51,18 +52,6 @@ class TrainResult:
     num_users: Optional[int] = None
 
 
-def mark_void(ledger: accounting.PrivacyLedger, noise: NoiseSource, privacy: PrivacyConfig) -> None:
-    """Marks ``ledger`` for each reason this run's randomness or sampling voids the guarantee.
-
-    The marks are kept by the ledger for good (checkpoints, resumes): a run
-    that once used reproducible noise stays not private after a resume
-    without the seed, since its restored state is a public function of it.
-
-    Example: ``NoiseSource(3)`` marks ``"reproducible noise (noise_seed=3): ..."``.
-    """
-    ledger.record_run_voids(noise.not_private_reason, shuffled=privacy.sampling == "shuffle")
-
-
 def finish(ledger: accounting.PrivacyLedger, stats, resolved, optimizer: DPOptimizer, loop, start: int,
            stop_reason: str, noise: NoiseSource, pre_training: tuple, unit: PrivacyUnitConfig = PrivacyUnitConfig(),
            num_users: Optional[int] = None) -> TrainResult:
@@ -73,8 +62,8 @@ def finish(ledger: accounting.PrivacyLedger, stats, resolved, optimizer: DPOptim
         note = "; ".join(ledger.not_private_reasons)
     else:
         epsilon = ledger.epsilon(resolved.delta, privacy.accountant)
-    mark_void(ledger, noise, privacy)
-    reasons = tuple(dict.fromkeys(ledger.void_reasons + ((note,) if note else ())))
+    ledger.record_run_voids(noise.not_private_reason, shuffled=privacy.sampling == "shuffle")
+    reasons = tuple(not_private_reasons(ledger))
     log.info("private=%s%s", not reasons, "" if not reasons else " (" + "; ".join(reasons) + ")")
     return TrainResult(
         steps=ledger.steps,

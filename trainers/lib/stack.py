@@ -57,3 +57,24 @@ def reexec_for_stack(requested: Optional[str], module: str) -> Optional[int]:
                          f"keras>=3 for keras3), and set {LEGACY_KERAS_ENV} before TensorFlow is imported")
     env = dict(os.environ, **{LEGACY_KERAS_ENV: wanted})
     return subprocess.run([sys.executable, "-m", module, *sys.argv[1:]], env=env, check=False).returncode
+
+
+def refuse_on_keras_3(cluster: str, embedding_backend_value: Optional[str], **more: tuple) -> None:
+    """What the Keras 3 stack does not run yet, refused by name before any data is read (on Keras 3 only).
+
+    ``cluster`` (``--cluster``) and ``embedding_backend_value`` (``--embedding_backend`` other than keras, else
+    ``None``) are refused for every trainer; ``more`` maps a flag name to ``(value, why)``.
+    Example: ``refuse_on_keras_3("local_ps:2,1", None)`` raises on Keras 3 naming ``--cluster``.
+    """
+    if stack_name() != KERAS_3:
+        return
+    refused = {
+        "--cluster": (cluster, "parameter-server training (ShardedDPOptimizer) is tf-keras only"),
+        "--embedding_backend": (embedding_backend_value, "the TPU embedding program is tf-keras only"),
+        **{f"--{name}": value for name, value in more.items()},
+    }
+    for name, (value, why) in refused.items():
+        if value:
+            raise ValueError(f"{name}={value} is not supported on Keras 3 ({why}); run with --keras_stack=tf_keras "
+                             f"(TF_USE_LEGACY_KERAS=1)")
+

@@ -5,14 +5,16 @@
 run's target ε, or ε = 10 without one, for at most 10⁻³ of δ) and charge the same
 truncation probability per executed step
 (:class:`~tfdp_sparse.accounting.step_accounting.StepAccounting`). The budget
-is planned on a ledger that already holds the truncation of every planned
-step, so no step overruns the target because of it.
+(:class:`tfdp_sparse.run.RunBudget`, the one of every driver) charges the
+truncation of every planned step before its search, so no step overruns the
+target because of it.
 
 Example::
 
     static, charge = static_shape(loop, resolved, n, unit, setup.accounting,
                                   mechanism.fixed_shape_truncation(model))   # (None, charge) when off
-    planned, why = plan_steps(with_truncation(ledger, static, loop.steps), charge.event, loop, resolved)
+    budget = RunBudget(ledger, charge, target_epsilon)
+    planned, why = plan_steps(budget.allowed_steps(loop.steps), budget, loop, resolved)
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ import dataclasses
 import logging
 from typing import Optional
 
-from tfdp_sparse.accounting.ledger import PrivacyLedger
 from tfdp_sparse.accounting.step_accounting import StepAccounting
 from tfdp_sparse.accounting.truncation import SIZING_EPSILON, StaticBatchPlan
 from tfdp_sparse.keras.private_setup import ResolvedPrivacy
@@ -52,14 +53,3 @@ def static_shape(loop: LoopConfig, resolved: ResolvedPrivacy, num_units: int, un
              "delta share %.3g at epsilon %.3g)", plan.size, "users" if unit.is_user_level else "examples", slots,
              loop.batch_size, plan.truncation_probability, plan.delta_share(epsilon), epsilon)
     return plan, dataclasses.replace(charge, truncation_probability=plan.truncation_probability)
-
-
-def with_truncation(ledger: PrivacyLedger, plan: StaticBatchPlan, steps: int) -> PrivacyLedger:
-    """A copy of ``ledger`` charged the truncation of ``steps`` more steps (for planning the budget; conservative).
-
-    Example: ``with_truncation(ledger, plan, 100).truncation_mass == ledger.truncation_mass + 100 * p``.
-    """
-    probe = ledger.copy()
-    if steps > 0 and plan.truncation_probability > 0:
-        probe.record_truncation(plan.truncation_probability, steps)
-    return probe

@@ -6,7 +6,7 @@ lines, TensorBoard points and checkpoints follow the ledger.
 
 Example::
 
-    stats = run_steps(compiled, batches, ledger, accounting_of_step, progress)
+    stats = run_steps(compiled, batches, start, planned, budget, loop, board, checkpoint)
     stats.step_ms, stats.examples_per_sec
 """
 
@@ -20,13 +20,11 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse import accounting
 from tfdp_sparse.accounting.step_accounting import StepAccounting  # noqa: F401 (re-exported)
-from tfdp_sparse.data import sampling
-from tfdp_sparse.data.static_batches import static_batch_dataset
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
+from tfdp_sparse.run import RunBudget, RunSampler
 from trainers import tensorboard
 from trainers.lib.checkpoints import RunCheckpoint
 from trainers.lib.config import LoopConfig
@@ -34,57 +32,36 @@ from trainers.lib.config import LoopConfig
 log = logging.getLogger("tfdp_sparse.train")
 
 
-def sampled_batches(sampler: sampling.IndexSampler, gather: Callable, start: int,
-                    stop: int) -> tuple[list, Iterator[tuple]]:
-    """``(input signature, iterator of (step, batch size, inputs))`` for steps ``start .. stop-1``.
+def step_batches(sampler: RunSampler, gather: Callable, start: int, stop: int) -> tuple[list, Iterator[tuple]]:
+    """``(input signature, iterator of (step, examples, inputs))`` for steps ``start .. stop-1``.
 
-    ``inputs`` is what the step takes: ``(x, y)``, or ``(x, y, user_ids)`` at
-    the user level (``gather`` returns them: :func:`trainers.lib.user_level.with_user_ids`).
+    ``inputs`` is what the step takes (:meth:`RunSampler.dataset`'s layout:
+    ``(x, y[, mask][, user ids])``); ``examples`` counts the real examples.
     The index draw (secret, from the run's noise source) and the gather (in
     memory or from memory-mapped days) run in the input pipeline, prefetched
-    while the previous step trains (:func:`tfdp_sparse.data.sampling.sampled_batch_dataset`).
-    The signature is the pipeline's element spec: a free batch dimension, so
-    Poisson batches of every size share one trace.
+    while the previous step trains. The signature is the pipeline's element
+    spec: a free batch dimension (Poisson batches of every size share one
+    trace), or the fixed shape.
 
-    Example: ``signature, batches = sampled_batches(sampler, gather, 0, 10)``; ``next(batches)`` is
+    Example: ``signature, batches = step_batches(sampler, gather, 0, 10)``; ``next(batches)`` is
     ``(0, 251, (x, y))``.
     """
-    dataset = sampling.sampled_batch_dataset(sampler, gather, stop - start, first_step=start, with_indices=True)
-    _, input_specs = dataset.element_spec
+    dataset = sampler.dataset(gather, stop - start, first_step=start)
 
     def steps() -> Iterator[tuple]:
-        for step, (idx, inputs) in zip(range(start, stop), dataset):
-            yield step, int(idx.shape[0]), tuple(inputs)
+        for step, inputs in zip(range(start, stop), dataset):
+            inputs = tuple(inputs)
+            yield step, RunSampler.examples_in(inputs), inputs
 
-    return list(input_specs), steps()
-
-
-def static_batches(sampler, gather: Callable, start: int, stop: int,
-                   finish: Optional[Callable] = None) -> tuple[list, Iterator[tuple]]:
-    """As :func:`sampled_batches` for fixed-shape batches of ``sampler.size`` slots: inputs ``(x, y, mask)``.
-
-    At the user level ``gather`` returns ``(x, y, user ids)`` and the inputs
-    are ``(x, y, mask, user ids)`` (``finish``: :func:`~tfdp_sparse.data.user_sampling.with_padding_users`).
-    The batch size of each item is the number of real examples (the mask's sum).
-    Example: ``next(static_batches(sampler, gather, 0, 10)[1])`` is ``(0, 251, (x, y, mask))`` with ``[P, ...]``
-    arrays.
-    """
-    dataset = static_batch_dataset(sampler, gather, stop - start, first_step=start, finish=finish)
-    (x_spec, y_spec, *users_spec), mask_spec = dataset.element_spec
-
-    def steps() -> Iterator[tuple]:
-        for step, ((x, y, *users), mask) in zip(range(start, stop), dataset):
-            yield step, int(tf.reduce_sum(mask)), (x, y, mask, *users)
-
-    return [x_spec, y_spec, mask_spec, *users_spec], steps()
+    return list(dataset.element_spec), steps()
 
 
 def make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_split: Optional[Callable],
               unit: PrivacyUnitConfig = PrivacyUnitConfig()):
     """``PrivateStep`` for the Keras backend (at ``unit``), else the TPU program (:mod:`tfdp_sparse.layers.tpu`).
 
-    The TPU program clips examples: the user level is refused before this
-    (:func:`trainers.lib.user_level.check_user_level`).
+    Both clip each user's summed gradient at the user level (the TPU program on the emulator; what cannot
+    run at the user level is refused before this, :func:`trainers.lib.user_level.check_user_level`).
     """
     if loop.performance.embedding_backend is EmbeddingBackend.KERAS:
         step = PrivateStep(model, loss_fn, optimizer, jit_compile=loop.performance.jit_compile, unit=unit)
@@ -97,7 +74,7 @@ def make_step(model, loss_fn, optimizer: DPOptimizer, loop: LoopConfig, tpu_spli
 
     optimizer.mechanism.reserve_steps(loop.steps)  # room for the whole run in per-step state: XLA compiles once
     return make_train_step(model, tpu_split, loss_fn, optimizer, loop.performance.embedding_backend, loop.batch_size,
-                           jit_compile=loop.performance.jit_compile)
+                           jit_compile=loop.performance.jit_compile, unit=unit)
 
 
 def _flush_board(board: Optional[tensorboard.TrainingLog], step: int, epsilon: Optional[float]) -> None:
@@ -163,10 +140,9 @@ class StepStats:
         return float(np.mean(self.values)) if self.values else 0.0
 
 
-def run_steps(compiled: Callable, batches: Iterator[tuple], start: int, planned: int,
-              ledger: accounting.PrivacyLedger, charge: StepAccounting, loop: LoopConfig,
-              board: Optional[tensorboard.TrainingLog], checkpoint: RunCheckpoint) -> StepStats:
-    """Runs steps ``start .. planned-1``; charges each one that returned, logs, checkpoints."""
+def run_steps(compiled: Callable, batches: Iterator[tuple], start: int, planned: int, budget: RunBudget,
+              loop: LoopConfig, board: Optional[tensorboard.TrainingLog], checkpoint: RunCheckpoint) -> StepStats:
+    """Runs steps ``start .. planned-1``; charges each one that returned (``budget.record_to``), logs, checkpoints."""
     stats = StepStats()
     t_start = time.perf_counter()
     for step, batch_size, inputs in batches:
@@ -174,7 +150,7 @@ def run_steps(compiled: Callable, batches: Iterator[tuple], start: int, planned:
         metrics = compiled(*inputs)
         loss = float(metrics["loss"])  # synchronises the step
         dt = time.perf_counter() - t0
-        charge.charge(ledger)
+        budget.record_to(step + 1)
         stats.step_times.append(dt)
         if step > start:  # the first step traces the graph
             stats.steady_examples += batch_size
@@ -185,17 +161,16 @@ def run_steps(compiled: Callable, batches: Iterator[tuple], start: int, planned:
         if board is not None:
             board.record_step(done, loss, float(metrics["clipped_fraction"]), stats.values[-1], 1000 * dt)
         if done % loop.log_every == 0 or done == planned:
-            _progress(done, start, planned, loss, stats.examples_per_sec, time.perf_counter() - t_start, ledger,
-                      charge, loop, board)
+            _progress(done, start, planned, loss, stats.examples_per_sec, time.perf_counter() - t_start, budget,
+                      loop, board)
         if checkpoint.enabled and done % loop.checkpoint_every == 0 and done < planned:
-            checkpoint.save(ledger)
+            checkpoint.save(budget.ledger)
     stats.elapsed = time.perf_counter() - t_start
     return stats
 
 
-def _progress(done: int, start: int, planned: int, loss: float, rate: float, elapsed: float,
-              ledger: accounting.PrivacyLedger, charge: StepAccounting, loop: LoopConfig,
-              board: Optional[tensorboard.TrainingLog]) -> None:
+def _progress(done: int, start: int, planned: int, loss: float, rate: float, elapsed: float, budget: RunBudget,
+              loop: LoopConfig, board: Optional[tensorboard.TrainingLog]) -> None:
     """One progress line (with ε at every tenth line, the last one, or every line with TensorBoard).
 
     ``rate`` is :attr:`StepStats.examples_per_sec` so far (the JSON line's
@@ -208,9 +183,9 @@ def _progress(done: int, start: int, planned: int, loss: float, rate: float, ela
     eta = (planned - done) * elapsed / max(done - start, 1)
     spent = None  # a PLD epsilon is slow: at progress points only
     due = done == planned or done % (loop.log_every * 10) == 0 or board is not None
-    if charge.event is not None and ledger.is_private and due:
-        spent = ledger.epsilon(charge.delta, charge.accountant)
+    if budget.step.event is not None and due:
+        spent = budget.epsilon()
     eps_text = "" if spent is None else f" epsilon={spent:.4g}"
-    loss_text = f" loss={loss:.4f}" if charge.event is None or loop.training_metrics == "raw" else ""
+    loss_text = f" loss={loss:.4f}" if budget.step.event is None or loop.training_metrics == "raw" else ""
     log.info("step %d/%d%s %.0f examples/s eta %.0fs%s", done, planned, loss_text, rate, eta, eps_text)
     _flush_board(board, done, spent)

@@ -11,32 +11,30 @@ over users. This module gives :func:`trainers.loop.train_privately`:
 * :func:`check_user_level`: the settings and data the user level needs (a
   ``"user"`` column, Poisson sampling, the Keras backend), refused by name
   otherwise;
-* :class:`UserRows`: the sampler of rows of the training arrays, user by user
-  (an ``IndexSampler`` of :func:`~tfdp_sparse.data.sampling.sampled_batch_dataset`);
-* :func:`with_user_ids`: the gather that adds the batch's user ids to ``(x, y)``.
+* :func:`dense_user_ids`: any integer user ids renumbered ``0 .. N_users - 1``.
+
+The users' batches are drawn by the one sampler of every driver,
+:class:`tfdp_sparse.run.RunSampler` (``make_private``'s ``fit`` too).
 
 Example::
 
     users = dense_user_ids(arrays[USER_COLUMN])          # MovieLens userIds -> 0 .. N_users - 1
-    rows = UserRows(users, expected_users=256, max_examples_per_user=5, noise=NoiseSource.secure())
-    rows.num_users, rows.sampling_rate                   # N_users, 256 / N_users
-    idx = rows.indices(step=0)                           # rows of the arrays, <= 5 per sampled user
+    sampler = RunSampler(len(users), 256, NoiseSource.secure(), PrivacyUnitConfig.user(5), user_ids=users)
+    sampler.num_units, sampler.sampling_rate             # N_users, 256 / N_users
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse.data.user_sampling import StaticUserSampler, UserPoissonSampler, group_by_user
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
-from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from trainers.lib.config import LoopConfig
 
-__all__ = ["USER_COLUMN", "UserRows", "check_user_level", "dense_user_ids", "with_user_ids"]
+__all__ = ["USER_COLUMN", "check_user_level", "dense_user_ids"]
 
 #: The training array holding each example's user id (synthetic pCTR ``"user"``, MovieLens ``userId``).
 USER_COLUMN = "user"
@@ -60,9 +58,11 @@ def check_user_level(unit: PrivacyUnitConfig, arrays: Mapping[str, np.ndarray], 
     * data without a ``"user"`` column (e.g. Criteo: a log line names no
       person, so no one's examples can be bounded together);
     * sampling other than Poisson (the user-level accountant assumes it);
-    * an embedding backend other than Keras (the TPU program clips examples),
-      and a ``tf.distribute`` strategy in scope (e.g. mirrored: replicas clip
-      their own share of a user).
+    * ``embedding_backend=tpu`` (a TPU runs the program under a
+      ``TPUStrategy``, whose replicas would clip their own share of a user;
+      the TPU program on its CPU emulator, ``tpu_emulator``, clips each user's
+      sum as the Keras backend does), and a ``tf.distribute`` strategy in
+      scope (e.g. mirrored: replicas clip their own share of a user).
 
     The one place the trainers refuse the user level, on one machine and on
     parameter servers alike (:func:`trainers.lib.cluster.train_on_cluster`
@@ -86,74 +86,11 @@ def check_user_level(unit: PrivacyUnitConfig, arrays: Mapping[str, np.ndarray], 
         raise ValueError(f"privacy_unit=user samples users by Poisson (what its accountant assumes); "
                          f"sampling={sampling!r} is not supported")
     backend = loop.performance.embedding_backend
-    if backend is not EmbeddingBackend.KERAS:
-        raise ValueError(f"privacy_unit=user is not supported with embedding_backend={backend.value}: the TPU "
-                         "embedding program clips each example, not each user's sum; use embedding_backend=keras")
+    if backend is EmbeddingBackend.TPU:
+        raise ValueError(f"privacy_unit=user is not supported with embedding_backend={backend.value}: a TPU runs "
+                         "the embedding program under a TPUStrategy, whose replicas would each clip their own share "
+                         "of a user's examples (the program runs one replica and has no whole-user split); use "
+                         "embedding_backend=tpu_emulator (the same program on CPU, clipping each user's sum) or keras")
     if tf.distribute.has_strategy():
         raise ValueError(f"privacy_unit=user is not supported under {type(tf.distribute.get_strategy()).__name__}: "
                          "replicas would clip their own share of a user's examples; train on one replica")
-
-
-class UserRows:
-    """Rows of the training arrays, user by user: users by Poisson, at most ``k`` examples each.
-
-    Args:
-      user_ids: ``[N]`` dense user ids (:func:`dense_user_ids`), ``N_users = max + 1``.
-      expected_users: users per step on average (``loop.batch_size`` at the user level).
-      max_examples_per_user: ``k``.
-      noise: the run's noise source (secure unless ``noise_seed``).
-
-    Example: ``UserRows(np.array([0, 1, 1]), 1, 1, NoiseSource.reproducible(0)).indices(0)`` holds at
-    most one of rows 1, 2.
-    """
-
-    def __init__(self, user_ids: np.ndarray, expected_users: int, max_examples_per_user: int, noise: NoiseSource):
-        users = np.asarray(user_ids)
-        self.num_users = int(users.max()) + 1 if users.size else 0
-        if expected_users > self.num_users:
-            raise ValueError(f"batch_size={expected_users} (expected users per step) is larger than the "
-                             f"{self.num_users} users of the training data: q = B/N_users would exceed 1")
-        grouping = group_by_user(users, max(self.num_users, 1))
-        self._order = grouping.order
-        self._sampler = UserPoissonSampler(grouping.offsets, float(expected_users), max_examples_per_user, noise)
-
-    @property
-    def sampling_rate(self) -> float:
-        """``q = expected users / N_users``."""
-        return self._sampler.sampling_rate
-
-    def indices(self, step: int) -> np.ndarray:
-        """The rows of the training arrays in step ``step`` (each user's rows together)."""
-        return self._order[self._sampler.indices(step)]
-
-    def static(self, users: int) -> "StaticUserRows":
-        """The same draws at a fixed shape: at most ``users`` users of ``k`` slots (:class:`StaticUserSampler`)."""
-        return StaticUserRows(StaticUserSampler(self._sampler, users), self._order)
-
-
-class StaticUserRows:
-    """:meth:`UserRows.static`: ``indices(step) -> (rows of the training arrays, -1 padded; mask)``, ``size`` slots."""
-
-    def __init__(self, sampler: StaticUserSampler, order: np.ndarray):
-        self._sampler, self._order = sampler, order
-        self.size = sampler.size
-
-    def indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        rows, mask = self._sampler.indices(step)
-        real = mask > 0
-        rows = rows.copy()
-        rows[real] = self._order[rows[real]]
-        return rows, mask
-
-
-def with_user_ids(gather: Callable[[np.ndarray], tuple], user_ids: np.ndarray) -> Callable[[np.ndarray], tuple]:
-    """``idx -> (x, y, user ids [B])``: the step's inputs at the user level.
-
-    Example: ``with_user_ids(lambda i: (x[i], y[i]), users)(np.array([3]))`` is ``(x[[3]], y[[3]], users[[3]])``.
-    """
-
-    def gather_with_users(idx: np.ndarray) -> tuple:
-        x, y = gather(idx)
-        return x, y, np.asarray(user_ids[idx], np.int64)
-
-    return gather_with_users

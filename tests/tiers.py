@@ -271,6 +271,49 @@ FULL_ONLY: dict[str, Moved] = {
         ("tests/test_quantile_clipping.py::test_fit_moves_the_bound_and_charges_the_count",
          "tests/test_xla_trainers.py::test_trainer_with_jit_and_static_batch_equals_fit_and_charges_alike"),
         "an XLA compilation (19 s); the bound's update is the same graph code as in the uncompiled fit"),
+    # -- issue 32 (stop 40): the TPU program's user level, trainer-level duplicates ---------------
+    "tests/test_tpu_user_level.py::test_fixed_shape_user_level_run_on_the_emulator_equals_keras": Moved(
+        ("tests/test_tpu_user_level.py::test_emulator_user_level_equals_keras_user_level[dpsgd]",
+         "tests/test_one_private_step.py::test_the_tpu_program_trains_as_fit_does",
+         "tests/test_tpu_user_level.py::test_train_privately_at_the_user_level_runs_on_the_emulator"),
+        "a fixed-shape trainer run on both backends (13 s); the emulator's user-level step equals Keras', and a "
+        "trainer runs it, in the fast tier"),
+    "tests/test_tpu_user_level.py::test_compiled_half_on_fixed_shape_user_batches_equals_keras": Moved(
+        ("tests/test_tpu_user_level.py::test_emulator_user_level_equals_keras_user_level[dpsgd]",
+         "tests/test_tpu_user_level.py::test_compiled_user_level_with_a_free_batch_dimension_is_refused_by_name_on_"
+         "every_backend"),
+        "an XLA compile of the TPU program (6 s); the uncompiled step's equality and the compiled refusal stay fast"),
+    "tests/test_tpu_user_level.py::test_emulator_user_level_equals_keras_user_level[lazydp]": Moved(
+        ("tests/test_tpu_user_level.py::test_emulator_user_level_equals_keras_user_level[dpsgd]",
+         "tests/test_tpu_equivalence.py::test_emulator_equals_keras_path"),
+        "the user-level clipping is the mechanism's input, shared by all; LazyDP's emulator path is pinned per "
+        "example in the fast tier"),
+    "tests/test_tpu_user_level.py::test_emulator_user_level_equals_keras_user_level[adafest]": Moved(
+        ("tests/test_tpu_user_level.py::test_emulator_user_level_equals_keras_user_level[dpsgd]",
+         "tests/test_tpu_equivalence.py::test_emulator_equals_keras_path"),
+        "as LazyDP's: one mechanism at the user level proves the clipping, each mechanism is pinned per example"),
+    "tests/test_private_by_default.py::test_saved_model_holds_no_generator_state_or_lazy_history": Moved(
+        ("tests/test_lazy_reads.py::test_pctr_export_refuses_pending_then_exports_flushed_tables_without_noise_state",
+         "tests/test_mech_lazydp.py::test_export_equals_flushed_table_and_refuses_pending"),
+        "a LazyDP trainer run and export (19 s); the export's contents and its refusal of pending noise are fast"),
+    "tests/test_tensorboard.py::test_pctr_run_writes_training_and_auc_scalars": Moved(
+        ("tests/test_tensorboard.py::test_dual_encoder_run_writes_training_and_retrieval_scalars",
+         "tests/test_tensorboard.py::test_training_log_round_trips_exact_values_and_leaves_out_what_is_not_there"),
+        "both trainers publish through trainers/lib/publish.py now: the dual encoder's run proves the path (17 s)"),
+    "tests/distributed/ps/test_ps_trainer.py::test_train_dual_encoder_on_local_cluster": Moved(
+        ("tests/distributed/ps/test_ps_trainer.py::test_train_pctr_on_local_cluster",
+         "tests/distributed/ps/test_ps_parity.py::test_adaptive_clipping_on_the_cluster_equals_one_machine"),
+        "a second trainer subprocess on a cluster (18 s, serial tier); both trainers reach the cluster through "
+        "trainers.lib.cluster.train_on_cluster and publish through trainers/lib/publish.py"),
+    "tests/test_static_batch.py::test_xla_traces_once_on_a_static_signature_and_equals_the_step_without_xla"
+    "[dpfest_sigma0]": Moved(
+        ("tests/test_static_batch.py::test_xla_traces_once_on_a_static_signature_and_equals_the_step_without_xla"
+         "[dpsgd_sigma0]",
+         "tests/test_static_batch.py::test_xla_traces_once_on_a_static_signature_and_equals_the_step_without_xla"
+         "[eana_sigma0]",
+         "tests/test_xla_lazy.py::test_make_private_compiles_once_and_equals_the_run_without_xla[dpfest]"),
+        "DP-FEST's XLA compile (10 s); one trace on a static signature is proved by DP-SGD and EANA, DP-FEST under "
+        "XLA by its own fast test"),
 }
 
 

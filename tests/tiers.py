@@ -314,6 +314,31 @@ FULL_ONLY: dict[str, Moved] = {
          "tests/test_xla_lazy.py::test_make_private_compiles_once_and_equals_the_run_without_xla[dpfest]"),
         "DP-FEST's XLA compile (10 s); one trace on a static signature is proved by DP-SGD and EANA, DP-FEST under "
         "XLA by its own fast test"),
+    _K3 + "test_examples_keras3.py::test_example_smoke_on_keras_3[private_retrieval.py]": Moved(
+        ("tests/test_examples.py::test_example_smoke_prints_epsilon_and_utility[private_retrieval.py]",
+         _K3 + "test_retrieval_keras3.py::test_sampled_negatives_drawn_in_the_step_pass_the_coupling_check_in_"
+               "training_mode"),
+        "the retrieval example on Keras 3 (13 s); its smoke runs on tf-keras and its Keras 3 recipe in the fast tier"),
+    _K3 + "test_examples_keras3.py::test_example_smoke_on_keras_3[custom_ctr.py]": Moved(
+        ("tests/test_examples.py::test_example_smoke_prints_epsilon_and_utility[custom_ctr.py]",
+         _K3 + "test_make_private_keras3.py::test_epsilon_in_history_and_report_fields"),
+        "the custom CTR example on Keras 3 (8 s); its smoke runs on tf-keras and make_private's fit on Keras 3"),
+    _K3 + "test_static_batch_keras3.py::test_user_level_padded_slots_change_nothing[adafest-UserClipMethod.GROUP_NORM]":
+        Moved((_K3 + "test_static_batch_keras3.py::test_user_level_padded_slots_change_nothing"
+                     "[dpsgd-UserClipMethod.GROUP_NORM]",
+               "tests/test_static_batch_users.py::test_user_level_padded_slots_change_nothing"),
+              "DP-AdaFEST's user-level padding on Keras 3 (4 s); DP-SGD's on Keras 3 and every case on tf-keras stay"),
+    _K3 + "test_static_batch_keras3.py::test_user_level_padded_slots_change_nothing"
+          "[adafest-UserClipMethod.EXAMPLE_SHARE]":
+        Moved((_K3 + "test_static_batch_keras3.py::test_user_level_padded_slots_change_nothing"
+                     "[dpsgd-UserClipMethod.EXAMPLE_SHARE]",
+               "tests/test_static_batch_users.py::test_user_level_padded_slots_change_nothing"),
+              "as the group-norm case"),
+    _K3 + "test_dpfest_keras_rs.py::test_steps_equal_the_dp_embedding_model[adafest_plus]": Moved(
+        (_K3 + "test_dpfest_keras_rs.py::test_steps_equal_the_dp_embedding_model[dpfest]",
+         _K3 + "test_dpfest_keras_rs.py::test_private_selection_is_charged_for_every_keras_rs_table"),
+        "DP-AdaFEST+ on keras-rs tables (4 s); the private selection's binding to keras-rs tables is proved by "
+        "DP-FEST"),
 }
 
 

@@ -30,13 +30,14 @@ def _elements(sampler, steps=3):
 
 
 def test_example_batches_are_the_poisson_draws_of_the_seed():
-    elements = _elements(RunSampler(N, B, NoiseSource.reproducible(4)))
+    sampler = RunSampler(N, B, NoiseSource.reproducible(4))
+    elements = _elements(sampler)
     reference = PoissonSampler(N, B / N, NoiseSource.reproducible(4))
     for step, (x, y) in enumerate(elements):
         idx = reference.indices(step)
         np.testing.assert_array_equal(x[:, 0], idx)
         np.testing.assert_array_equal(y, Y[idx])
-        assert RunSampler.examples_in((x, y)) == idx.size
+        assert sampler.examples_in((x, y)) == idx.size
 
 
 def test_user_batches_hold_at_most_k_examples_of_each_user_with_their_ids():
@@ -52,12 +53,13 @@ def test_user_batches_hold_at_most_k_examples_of_each_user_with_their_ids():
 
 def test_fixed_shape_batches_pad_the_same_draws_and_mask_them():
     free = _elements(RunSampler(N, B, NoiseSource.reproducible(2)))
-    fixed = _elements(RunSampler(N, B, NoiseSource.reproducible(2), static_size=30))
+    padding = RunSampler(N, B, NoiseSource.reproducible(2), static_size=30)
+    fixed = _elements(padding)
     for (x, y), (px, py, mask) in zip(free, fixed):
         assert px.shape == (30, 1) and mask.shape == (30,)
         real = mask > 0
         np.testing.assert_array_equal(px[real], x)
-        assert np.all(px[~real] == 0) and RunSampler.examples_in((px, py, mask)) == x.shape[0]
+        assert np.all(px[~real] == 0) and padding.examples_in((px, py, mask)) == x.shape[0]
 
 
 def test_fixed_shape_user_batches_make_each_padded_slot_a_user_of_its_own():

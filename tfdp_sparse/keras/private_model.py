@@ -91,7 +91,6 @@ class PrivateModel(tf.keras.Model):
         self.dp_optimizer = optimizer
         self.privacy_state = PrivacyState(json.dumps(config.privacy_unit.describe(), sort_keys=True))
         self.config = config
-        self._budget = budget
         self._run = PrivateRun(optimizer.mechanism, budget, config.privacy_unit)
         self._per_example = per_example_loss_fn(loss)
         self._tfrs = _is_tfrs_model(model)
@@ -309,7 +308,7 @@ class PrivateModel(tf.keras.Model):
         self._coupling_key = key
 
     def _ledger_void(self, reason: str) -> None:
-        self._budget.ledger.record_void(reason)
+        self._run.budget.ledger.record_void(reason)
 
     # -- saving: never with pending lazy noise ----------------------------------
 
@@ -324,7 +323,7 @@ class PrivateModel(tf.keras.Model):
         :meth:`load_weights` restores too, to resume.
         """
         self.mechanism.flush()
-        sync_ledger(self.privacy_state, self._budget)
+        sync_ledger(self.privacy_state, self._run.budget)
         out = self._write_weights(filepath, *args, **kwargs)
         self._private_state().write(private_state_path(filepath))
         return out
@@ -376,12 +375,12 @@ class PrivateModel(tf.keras.Model):
     @property
     def ledger(self) -> PrivacyLedger:
         """The run's ledger, with every executed step recorded."""
-        return sync_ledger(self.privacy_state, self._budget)
+        return sync_ledger(self.privacy_state, self._run.budget)
 
     def epsilon(self) -> Optional[float]:
         """ε spent so far at the run's δ (``None`` when the run has no guarantee)."""
         self.ledger  # caught up with the executed steps
-        return self._budget.epsilon()
+        return self._run.budget.epsilon()
 
     def report(self) -> dict:
         """The trainers' privacy fields for this run (``private``, ``not_private_reasons``, ``outside_guarantee``, ...).
@@ -394,15 +393,15 @@ class PrivateModel(tf.keras.Model):
         unit = self.config.privacy_unit
         out = {
             "algorithm": plan.name,
-            "epsilon": self._budget.epsilon(),
-            "delta": self._budget.delta,
+            "epsilon": self._run.budget.epsilon(),
+            "delta": self._run.budget.delta,
             # DP-AdaFEST(+) name the gradient's σ sigma2 (its map's is sigma1)
             "noise_multiplier": described.get("noise_multiplier", described.get("sigma2")),
             "l2_norm_clip": self.mechanism.l2_norm_clip,
             "steps": ledger.steps,
             "sampling": self._sampling,
-            "accountant": self._budget.accountant,
-            "target_epsilon": self._budget.target_epsilon,
+            "accountant": self._run.budget.accountant,
+            "target_epsilon": self._run.budget.target_epsilon,
             "stop_reason": self.privacy_callback.stop_reason,
             **self._run.guarantee_fields([*self._outside, *self._released],
                                          self.config.num_users if unit.is_user_level else None),
@@ -416,5 +415,5 @@ class PrivateModel(tf.keras.Model):
                                    "truncation_probability_per_step": self.static_plan.truncation_probability,
                                    "slot_overflow_probability_per_step": self.static_plan.slot_overflow_probability,
                                    "truncation_delta_share": ledger.truncation_delta_share(
-                                       self._budget.delta, self._budget.accountant) if ledger.is_private else None}
+                                       self._run.budget.delta, self._run.budget.accountant) if ledger.is_private else None}
         return out

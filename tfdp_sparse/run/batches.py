@@ -209,16 +209,15 @@ class RunSampler:
         padded = static_batch_dataset(self._index, gather, num_steps, first_step=first_step, finish=finish)
         return padded.map(_mask_after_labels)
 
-    @staticmethod
-    def examples_in(element: tuple) -> int:
-        """The real examples of one element of :meth:`dataset` (a padded batch counts its mask).
+    def examples_in(self, element: tuple) -> int:
+        """The real examples of one element of :meth:`dataset` (a fixed-shape batch counts its mask).
 
-        Example: ``RunSampler.examples_in((x, y, mask))`` is ``int(sum(mask))``.
+        Example: ``sampler.examples_in((x, y, mask))`` is ``int(sum(mask))`` at a fixed shape.
         """
         import tensorflow as tf
 
         x, y, *rest = element
-        if rest and rest[0].dtype == tf.float32:  # (x, y, mask[, user ids])
+        if self.static_size is not None:  # (x, y, mask[, user ids])
             return int(tf.reduce_sum(rest[0]))
         return int(tf.shape(tf.nest.flatten(y)[0])[0])
 

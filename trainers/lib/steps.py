@@ -51,7 +51,7 @@ def step_batches(sampler: RunSampler, gather: Callable, start: int, stop: int) -
     def steps() -> Iterator[tuple]:
         for step, inputs in zip(range(start, stop), dataset):
             inputs = tuple(inputs)
-            yield step, RunSampler.examples_in(inputs), inputs
+            yield step, sampler.examples_in(inputs), inputs
 
     return list(dataset.element_spec), steps()
 

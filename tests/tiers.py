@@ -339,6 +339,60 @@ FULL_ONLY: dict[str, Moved] = {
          _K3 + "test_dpfest_keras_rs.py::test_private_selection_is_charged_for_every_keras_rs_table"),
         "DP-AdaFEST+ on keras-rs tables (4 s); the private selection's binding to keras-rs tables is proved by "
         "DP-FEST"),
+    # -- stop 41: the fast tier's margin (per-test timings of the whole fast tier, one run) ------------------
+    "tests/test_trainer_planner.py::test_a_pctr_run_without_batch_size_or_steps_trains_at_the_planners_choice": Moved(
+        ("tests/test_trainer_planner.py::test_planned_loop_is_the_planners_choice_for_public_inputs",
+         "tests/test_trainer_planner.py::test_the_planner_runs_only_when_the_user_sets_neither_batch_size_nor_steps",
+         "tests/test_planner.py::test_make_private_without_a_batch_size_trains_with_the_plan"),
+        "a whole pCTR trainer run (28 s); the trainers' loop is the planner's choice for public inputs, the flags "
+        "reach the planner only when neither batch size nor steps is set, and make_private trains at the plan"),
+    "tests/test_example_private_retrieval.py::test_sampled_negatives_with_logq_correction_beat_chance": Moved(
+        ("tests/test_examples.py::test_example_smoke_prints_epsilon_and_utility",
+         "tests/test_sensitivity_negatives.py::test_sampled_negatives_follow_the_public_distribution",
+         "tests/test_sensitivity_negatives.py::test_sampled_logits_by_hand",
+         "tests/test_sensitivity_negatives.py::test_bounded_negatives_move_the_clipped_sum_by_at_most_c"),
+        "a second run of the retrieval example (17 s); the example beats chance in its smoke, the sampled "
+        "negatives' law, logits and sensitivity are proved directly"),
+    "tests/test_benchmark_xla_ab.py::test_smoke_gives_a_pair_line_a_refusal_line_and_a_plan_line": Moved(
+        ("tests/test_benchmark_xla_ab.py::test_plan_lines_are_the_smallest_size_within_the_share_and_match_the_binomial_tail",
+         "tests/test_benchmark_paired.py::test_pairs_give_a_line_each_and_a_flatness_line",
+         "tests/test_static_batch.py::test_xla_traces_once_on_a_static_signature_and_equals_the_step_without_xla"),
+        "a benchmark's smoke (16 s); its plan lines are proved directly, paired lines by the paired benchmark, "
+        "the compiled step it times by the XLA equality tests"),
+    "tests/test_benchmark_recurrent.py::test_one_line_per_configuration_then_the_summary": Moved(
+        ("tests/test_benchmark_recurrent.py::test_the_fallback_configuration_has_no_recurrent_rule",
+         "tests/test_benchmark_recurrent.py::test_bad_settings_exit_2",
+         "tests/test_clip_recurrent.py::test_make_private_trains_embedding_gru_dense_without_the_fallback"),
+        "a benchmark's smoke (15 s, shared with its fields test); the configurations it times and make_private on "
+        "the recurrent model are proved directly"),
+    "tests/test_benchmark_recurrent.py::test_configuration_fields_and_summary": Moved(
+        ("tests/test_benchmark_recurrent.py::test_the_fallback_configuration_has_no_recurrent_rule",),
+        "shares the smoke above"),
+    "tests/test_benchmark_make_private.py::test_one_line_per_configuration_then_the_coupling_check": Moved(
+        ("tests/test_benchmark_make_private.py::test_bad_settings_exit_2",
+         "tests/test_benchmark_step_time.py::test_one_line_per_config_with_the_documented_fields",
+         "tests/test_coupling_check.py::test_the_check_runs_again_when_the_model_changes_and_not_otherwise"),
+        "a benchmark's smoke (20 s, shared by three tests); the step-time benchmark's lines, the coupling check "
+        "it times and the benchmark's refusals stay fast"),
+    "tests/test_benchmark_make_private.py::test_configuration_fields": Moved(
+        ("tests/test_benchmark_step_time.py::test_one_line_per_config_with_the_documented_fields",),
+        "shares the smoke above"),
+    "tests/test_benchmark_make_private.py::test_coupling_check_line": Moved(
+        ("tests/test_coupling_check.py::test_the_check_runs_again_when_the_model_changes_and_not_otherwise",),
+        "shares the smoke above"),
+    "tests/test_benchmark_calibration_cost.py::test_one_calibration_line_then_one_end_to_end_line_per_config": Moved(
+        ("tests/test_benchmark_calibration_cost.py::test_legacy_search_is_restored_after_use",
+         "tests/test_benchmark_calibration_cost.py::test_bad_arguments",
+         "tests/test_budget_certified.py::test_the_planned_fit_runs_without_a_budget_search"),
+        "a benchmark's smoke (9 s, shared by three tests); what it measures, a planned fit without a budget "
+        "search, is proved directly"),
+    "tests/test_benchmark_calibration_cost.py::test_calibration_line_old_and_new_both_meet_the_target": Moved(
+        ("tests/test_budget_certified.py::test_the_planned_fit_runs_without_a_budget_search",
+         "tests/test_accounting.py::test_calibrate_round_trip"),
+        "shares the smoke above"),
+    "tests/test_benchmark_calibration_cost.py::test_end_to_end_lines": Moved(
+        ("tests/test_budget_certified.py::test_the_planned_fit_runs_without_a_budget_search",),
+        "shares the smoke above"),
 }
 
 

@@ -27,7 +27,7 @@ from trainers import pctr_data
 from tfdp_sparse.selection.counts import example_counts, user_counts
 from trainers import train_dual_encoder as tde
 from trainers import train_pctr as tp
-from trainers.lib.checkpoints import run_identity
+from tfdp_sparse.run.checkpoint import run_identity
 from tfdp_sparse.run import UserRows
 from trainers.lib.user_level import check_user_level, dense_user_ids
 

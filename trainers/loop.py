@@ -72,10 +72,11 @@ from tfdp_sparse.keras.private_setup import prepare_private
 from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.run import PrivateRun, RunBudget, RunSampler
+from tfdp_sparse.run.batches import check_expected_users
+from tfdp_sparse.run.checkpoint import RunCheckpoint, RunState, find_saved_run, run_identity
 from trainers import tensorboard
 from trainers.lib import steps as steps_lib
 from trainers.lib.budget import plan_steps
-from trainers.lib.checkpoints import RunCheckpoint, find_saved_run, run_identity
 from trainers.lib.config import LoopConfig, PerformanceFlags, PreTrainingRelease
 from trainers.lib.prepare import (
     Features,
@@ -169,9 +170,7 @@ def train_privately(
         user_ids = dense_user_ids(arrays[USER_COLUMN])
         arrays = {k: v for k, v in arrays.items() if k != USER_COLUMN}
         n = int(user_ids.max()) + 1 if user_ids.size else 0
-        if loop.batch_size > n:
-            raise ValueError(f"batch_size={loop.batch_size} (expected users per step) is larger than the {n} users "
-                             "of the training data: q = B/N_users would exceed 1")
+        check_expected_users(loop.batch_size, n)
     privacy = with_default_delta(privacy, n)
     calibrating = privacy.target_epsilon is not None and loop.calibrate_noise
     identity = run_identity(privacy, calibrating, unit)
@@ -185,7 +184,9 @@ def train_privately(
                     noise.not_private_reason)
     mechanism = optimizer.mechanism
     step_fn = steps_lib.make_step(model, loss_fn, optimizer, loop, tpu_split, unit)
-    checkpoint = RunCheckpoint.open(loop.model_dir, model, optimizer, identity, resolved.privacy.noise_multiplier)
+    checkpoint = RunCheckpoint(loop.model_dir, RunState(
+        mechanism, identity, resolved.privacy.noise_multiplier, model=model, optimizer=optimizer,
+        dense_optimizer=optimizer.dense_optimizer if optimizer.dense_optimizer is not None else tf.Module()))
     if saved is not None:
         ledger = checkpoint.restore(saved)
     static, accounting_charge = static_shape(loop, resolved, n, unit, setup.accounting,

@@ -19,6 +19,8 @@ from tests.keras3 import run_steps
 from tests.keras3.test_lazydp_keras3 import BCE, LAZYDP
 from tests.stack_optimizer import weights_path
 from tests.test_make_private import test_resumed_fit_continues_epsilon  # noqa: F401  (DP-SGD's ε, under Keras 3)
+from tests.test_run_checkpoint import (  # noqa: F401  (the saved ledger continued, other settings refused)
+    test_a_resumed_fit_keeps_the_void_mark_of_reproducible_noise, test_a_resumed_fit_with_another_sigma_is_refused)
 from tfdp_sparse.keras import make_private
 from tfdp_sparse.keras.private_model_keras3 import MissingPrivateStateError
 

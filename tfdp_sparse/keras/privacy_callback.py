@@ -44,6 +44,10 @@ class PrivacyState(tf.Module):
         self.unit = tf.Variable(unit, dtype=tf.string, trainable=False, name="privacy_unit")
         self._expected_unit = unit
 
+    def unit_matches(self) -> bool:
+        """True when the (restored) state's privacy unit is this run's."""
+        return self.unit.numpy().decode() == self._expected_unit
+
     def check_unit(self) -> None:
         """Refuses a restored state of a run with another privacy unit (one ledger, one guarantee)."""
         saved = self.unit.numpy().decode()

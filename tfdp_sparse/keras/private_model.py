@@ -53,6 +53,7 @@ from tfdp_sparse.noise_source import NoiseSource
 from tfdp_sparse.planner import TrainingPlan
 from tfdp_sparse.run import PrivateRun, RunBudget, RunSampler
 from tfdp_sparse.run.batches import check_user_ids
+from tfdp_sparse.run.checkpoint import RunState, check_settings, is_run_state, read_saved_run
 
 log = logging.getLogger("tfdp_sparse.keras")
 
@@ -85,12 +86,16 @@ class PrivateModel(tf.keras.Model):
 
     def __init__(self, model: tf.keras.Model, optimizer: DPOptimizer, budget: RunBudget,
                  config: PrivateFitConfig, loss, outside_guarantee: tuple,
-                 static_plan: Optional[StaticBatchPlan] = None, **kwargs):
+                 static_plan: Optional[StaticBatchPlan] = None, identity: Optional[dict] = None,
+                 noise_multiplier: Optional[float] = None, **kwargs):
         super().__init__(**kwargs)
         self.model = model
         self.dp_optimizer = optimizer
         self.privacy_state = PrivacyState(json.dumps(config.privacy_unit.describe(), sort_keys=True))
         self.config = config
+        # the privacy settings a resume must repeat (run_identity) and sigma: the checkpoint's privacy record (as
+        # JSON: Keras would wrap a dict attribute into a tracked object)
+        self._identity_json, self._noise_multiplier = json.dumps(identity or {}, sort_keys=True), noise_multiplier
         self._run = PrivateRun(optimizer.mechanism, budget, config.privacy_unit)
         self._per_example = per_example_loss_fn(loss)
         self._tfrs = _is_tfrs_model(model)
@@ -318,23 +323,43 @@ class PrivateModel(tf.keras.Model):
         After LazyDP's flush and the ledger's sync. On tf-keras ``filepath``
         holds the wrapped model's own weights, so the plain model loads them
         (``model.load_weights(filepath)``), and ``<filepath>.private``
-        (:func:`private_state_path`) the ledger, the DP optimizer and the
-        mechanism (LazyDP's histories, the noise generator), which
+        (:func:`private_state_path`) the run's state in the trainers' checkpoint
+        format (:mod:`tfdp_sparse.run.checkpoint`: the mechanism, the ledger, the
+        privacy record; here also the DP optimizer and the step counter), which
         :meth:`load_weights` restores too, to resume.
         """
         self.mechanism.flush()
-        sync_ledger(self.privacy_state, self._run.budget)
+        ledger = sync_ledger(self.privacy_state, self._run.budget)
         out = self._write_weights(filepath, *args, **kwargs)
-        self._private_state().write(private_state_path(filepath))
+        self._private_state().write(private_state_path(filepath), ledger)
         return out
 
     def load_weights(self, filepath, *args, **kwargs):
-        """Restores what :meth:`save_weights` wrote: the weights and the private state beside them."""
+        """Restores what :meth:`save_weights` wrote: the weights and the private state beside them.
+
+        The run continues the saved ledger (its past steps, one-off events and
+        not-private marks as written), and a checkpoint of other privacy
+        settings is refused (:func:`~tfdp_sparse.run.checkpoint.check_settings`; another privacy unit is
+        refused when ``fit`` begins). A state file written before this format
+        (no privacy record) restores as before: the ledger is rebuilt from its
+        step count at this run's settings.
+        """
         state = private_state_path(filepath)
         if not tf.io.gfile.exists(state + ".index"):
             return self._load_without_private_state(filepath, *args, **kwargs)
         out = self._read_weights(filepath, *args, **kwargs)
-        self._private_state().read(state).assert_existing_objects_matched()
+        if not is_run_state(state):  # written before the one format: no ledger, no privacy record
+            tf.train.Checkpoint(mechanism=self.mechanism, **self._state_objects()).read(
+                state).assert_existing_objects_matched()
+            log.warning("%s holds no ledger (written before the run checkpoint format): the ledger is rebuilt from "
+                        "its %d steps at this run's settings", state, int(self.privacy_state.steps.numpy()))
+            return out
+        saved = read_saved_run(state)
+        ledger = self._private_state().restore(saved)
+        if self.privacy_state.unit_matches():  # another unit: refused when fit begins, with its own reason
+            check_settings(saved, json.loads(self._identity_json), os.fspath(filepath),
+                           "train a new make_private model, or repeat the saved settings")
+        self._run.budget.resume(ledger)
         return out
 
     # the stack's hooks (Keras 3: :class:`~tfdp_sparse.keras.private_model_keras3.Keras3PrivateModel`)
@@ -349,9 +374,14 @@ class PrivateModel(tf.keras.Model):
         """A checkpoint of the whole private model (written before the weights and the state were split)."""
         return super().load_weights(filepath, *args, **kwargs)
 
-    def _private_state(self) -> tf.train.Checkpoint:
-        return tf.train.Checkpoint(privacy_state=self.privacy_state, mechanism=self.mechanism,
-                                   optimizer=self.dp_optimizer)
+    def _private_state(self) -> RunState:
+        """The run's state in the one checkpoint format, with the objects Keras' weights file lacks."""
+        return RunState(self.mechanism, json.loads(self._identity_json), self._noise_multiplier,
+                        **self._state_objects())
+
+    def _state_objects(self) -> dict:
+        """What the private state holds beside the mechanism and the ledger: the step counter and the optimizer."""
+        return {"privacy_state": self.privacy_state, "optimizer": self.dp_optimizer}
 
     def save(self, filepath, *args, **kwargs):
         """Exports the wrapped model (for serving) after a flush, with ``privacy_report.json`` beside it.

@@ -93,5 +93,6 @@ class Keras3PrivateModel(PrivateModel):
             "a file this private model's save_weights (or ModelCheckpoint(save_weights_only=True) on it) wrote, "
             "or load the weights into the plain model and start a new private run.")
 
-    def _private_state(self) -> tf.train.Checkpoint:
-        return tf.train.Checkpoint(privacy_state=self.privacy_state, mechanism=self.mechanism)
+    def _state_objects(self) -> dict:
+        """The step counter (Keras 3's weights file holds the optimizer's variables itself)."""
+        return {"privacy_state": self.privacy_state}

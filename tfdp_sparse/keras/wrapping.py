@@ -39,6 +39,7 @@ from tfdp_sparse.keras.private_setup import RunShape, SelectionCounts, SetupOpti
 from tfdp_sparse.keras_stack import is_keras_3, sublayers
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.run import RunBudget
+from tfdp_sparse.run.checkpoint import run_identity
 from tfdp_sparse.planner import TrainingPlan, min_steps_for, plan_training
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 
@@ -147,8 +148,12 @@ def make_private(model: tf.keras.Model, privacy: Union[PrivacyConfig, Mechanism]
         # planned steps before its search (RunBudget skips the certified shortcut then), so no step overruns.
         accounting = dataclasses.replace(accounting, truncation_probability=static.truncation_probability)
     budget = RunBudget(setup.ledger, accounting, setup.privacy.target_epsilon, setup.resolved.certified_steps)
+    resolved = setup.resolved
     private = _model_class()(model, setup.optimizer, budget, config, per_example_loss_fn(loss, loss_weights),
-                             _outside_guarantee(model), static_plan=static)
+                             _outside_guarantee(model), static_plan=static,
+                             identity=run_identity(resolved.privacy, resolved.certified_steps is not None,
+                                                   privacy_unit),
+                             noise_multiplier=resolved.privacy.noise_multiplier)
     private.training_plan = plan
     return private
 

@@ -14,11 +14,16 @@ trainer). What the guarantee depends on is written here once:
 * :mod:`tfdp_sparse.run.driver` — :class:`PrivateRun`: a run's life
   (``begin``: marks, fresh secret generators, allowed steps; ``record_to``;
   ``end``: no pending noise left; ``guarantee_fields``: the report's
-  privacy fields).
+  privacy fields);
+* :mod:`tfdp_sparse.run.checkpoint` — one checkpoint format (mechanism,
+  ledger, privacy record; :class:`~tfdp_sparse.run.checkpoint.RunState`):
+  a resume continues the saved ledger as written and refuses other privacy
+  settings, in ``fit``'s ``<weights>.private`` file and in the trainers'
+  numbered checkpoints alike.
 
 Each loop supplies only what differs: how a step is called, how progress is
-shown (Keras callbacks, or the trainers' lines and TensorBoard) and how
-checkpoints are written. This package imports downward only (accounting,
+shown (Keras callbacks, or the trainers' lines and TensorBoard) and where
+the weights go (Keras' weights file beside the state, or the same checkpoint). This package imports downward only (accounting,
 data, noise source, privacy unit); ``keras/`` and ``trainers/`` import it.
 
 Example::

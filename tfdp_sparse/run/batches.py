@@ -65,6 +65,16 @@ def check_user_ids(user_ids: Any, num_examples: int, num_users: int) -> np.ndarr
     return ids.astype(np.int64, copy=False)
 
 
+def check_expected_users(expected_users: float, num_users: int) -> None:
+    """Refuses more expected users per step than the data has (``q = B / N_users`` would exceed 1).
+
+    Example: ``check_expected_users(8, 5)`` raises ``ValueError``; ``check_expected_users(5, 5)`` passes.
+    """
+    if expected_users > num_users:
+        raise ValueError(f"batch_size={expected_users} (expected users per step) is larger than the "
+                         f"{num_users} users of the training data: q = B/N_users would exceed 1")
+
+
 class UserRows:
     """Rows of the training arrays, user by user: users by Poisson, at most ``k`` examples each.
 
@@ -83,9 +93,7 @@ class UserRows:
                  noise: NoiseSource):
         if isinstance(num_users, bool) or not isinstance(num_users, numbers.Integral) or num_users < 1:
             raise ValueError(f"num_users must be a positive integer, got {num_users!r}")
-        if expected_users > num_users:
-            raise ValueError(f"batch_size={expected_users} (expected users per step) is larger than the "
-                             f"{num_users} users of the training data: q = B/N_users would exceed 1")
+        check_expected_users(expected_users, num_users)
         grouping = group_by_user(np.asarray(user_ids, np.int64), int(num_users))
         self.num_users, self._order = int(num_users), grouping.order
         self._counts = np.diff(grouping.offsets)

@@ -99,6 +99,15 @@ class RunBudget:
             self.step.charge(self.ledger, new)
         return self.ledger
 
+    def resume(self, ledger: PrivacyLedger) -> None:
+        """Continues ``ledger`` (a checkpoint's, as written): its steps, one-off events and marks are the run's.
+
+        σ's certificate is dropped: it covered this run's own steps at its σ,
+        not a saved ledger's (whose steps may have had another σ), so the
+        budget computes ε from the ledger from now on.
+        """
+        self.ledger, self.certified_steps = ledger, None
+
     def epsilon(self) -> Optional[float]:
         """ε spent so far at the run's δ, or ``None`` when the run has no guarantee."""
         return self.step.epsilon(self.ledger)

@@ -17,7 +17,8 @@ guarantee added to a run lands on both:
   same fields in ``PrivateModel.report()`` and the trainers' JSON line.
 
 What differs stays with the loop: how a step is called, progress display,
-checkpoint format.
+where the weights are written (the run's state has one format:
+:mod:`tfdp_sparse.run.checkpoint`).
 
 Example::
 

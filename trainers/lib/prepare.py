@@ -19,8 +19,8 @@ from tfdp_sparse.keras import DPOptimizer
 from tfdp_sparse.keras.private_setup import SetupOptions
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
 from tfdp_sparse.optimizers import TableAdagrad, TableAdam, TableFTRL, TableUpdate, TableSGD
+from tfdp_sparse.run.checkpoint import SavedRun
 from trainers import tensorboard
-from trainers.lib.checkpoints import SavedRun
 from trainers.lib.config import LoopConfig
 from trainers.lib.privacy import resume_of
 

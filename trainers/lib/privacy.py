@@ -29,7 +29,7 @@ from tfdp_sparse.keras.private_setup import (  # noqa: F401 (re-exported)
 )
 from tfdp_sparse.keras import private_setup
 from tfdp_sparse.mechanisms.calibration import calibrate, check_accountant, step_event_of  # noqa: F401 (re-exported)
-from trainers.lib.checkpoints import SavedRun
+from tfdp_sparse.run.checkpoint import SavedRun
 from trainers.lib.config import LoopConfig
 
 

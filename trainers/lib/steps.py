@@ -25,8 +25,8 @@ from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers.tpu.backend import EmbeddingBackend
 from tfdp_sparse.privacy_unit import PrivacyUnitConfig
 from tfdp_sparse.run import RunBudget, RunSampler
+from tfdp_sparse.run.checkpoint import RunCheckpoint
 from trainers import tensorboard
-from trainers.lib.checkpoints import RunCheckpoint
 from trainers.lib.config import LoopConfig
 
 log = logging.getLogger("tfdp_sparse.train")

@@ -72,9 +72,23 @@ def test_fit_and_the_trainer_write_one_format(tmp_path):
     assert {"mechanism", "ledger", "privacy", "optimizer"} <= keys[0] & keys[1]
 
 
+def test_a_checkpoint_of_the_whole_private_model_continues_its_ledger(tmp_path):
+    """Any restore continues the restored ledger (here a ``tf.train.Checkpoint`` of the private model, as Keras'
+    ``BackupAndRestore`` writes): the reproducible run's mark stays after a resume with secure noise."""
+    first = _private(ctr_model(seed=1), noise_seed=3)
+    first.fit(*data(), verbose=0)
+    first.report()  # the ledger synced into the model's state, as at every epoch's end
+    path = tf.train.Checkpoint(model=first).write(str(tmp_path / "backup"))
+    again = _private(ctr_model(seed=1))
+    tf.train.Checkpoint(model=again).read(path).assert_existing_objects_matched()
+    again.fit(*data(), verbose=0)
+    report = again.report()
+    assert report["steps"] == 16 and report["private"] is False
+
+
 def test_a_state_file_of_the_old_layout_still_restores(tmp_path):
-    """``.private`` files written before the format (privacy_state, mechanism, optimizer) resume as they did."""
-    first = _private(ctr_model(seed=1))
+    """``.private`` files written before the format (privacy_state, mechanism, optimizer) resume, their ledger too."""
+    first = _private(ctr_model(seed=1), noise_seed=3)
     first.fit(*data(), verbose=0)
     path = weights_path(tmp_path)
     first.save_weights(path)
@@ -88,4 +102,5 @@ def test_a_state_file_of_the_old_layout_still_restores(tmp_path):
     again = _private(ctr_model(seed=1))
     again.load_weights(path)
     again.fit(*data(), verbose=0)
-    assert again.report()["steps"] == 16
+    report = again.report()
+    assert report["steps"] == 16 and report["private"] is False  # the old state's ledger kept the mark

@@ -43,6 +43,7 @@ class PrivacyState(tf.Module):
         #: The privacy unit of the run (JSON of ``PrivacyUnitConfig.describe()``), kept in checkpoints.
         self.unit = tf.Variable(unit, dtype=tf.string, trainable=False, name="privacy_unit")
         self._expected_unit = unit
+        self._written = ""  # the ledger JSON this process last wrote: any other value was restored
 
     def unit_matches(self) -> bool:
         """True when the (restored) state's privacy unit is this run's."""
@@ -55,6 +56,23 @@ class PrivacyState(tf.Module):
             raise ValueError(f"the restored checkpoint was trained with privacy unit {saved}, this model with "
                              f"{self._expected_unit}: one ledger cannot mix two units; train from a new model")
 
+    def restored_ledger(self) -> Optional[PrivacyLedger]:
+        """The ledger a restore put into this state, else ``None`` (also for another unit: refused at ``fit``).
+
+        Whatever restored it: ``load_weights``, a ``tf.train.Checkpoint`` of
+        the private model, Keras' ``BackupAndRestore``, a state file of an
+        earlier layout; the value differs from the one this process last wrote.
+        """
+        saved = self.ledger_json.numpy().decode()
+        if not saved or saved == self._written or not self.unit_matches():
+            return None
+        return PrivacyLedger.from_json(saved)
+
+    def write_ledger(self, ledger: PrivacyLedger) -> None:
+        """Keeps ``ledger``'s JSON in the state (checkpointed with the model)."""
+        self._written = ledger.to_json()
+        self.ledger_json.assign(self._written)
+
     def count_step(self, batch_size: tf.Tensor) -> list:
         """Ops counting one executed step of ``batch_size`` examples (run inside the train step)."""
         return [self.steps.assign_add(1), self.examples.assign_add(tf.cast(batch_size, tf.int64))]
@@ -66,9 +84,15 @@ def sync_ledger(state: PrivacyState, budget: RunBudget) -> PrivacyLedger:
     Steps are counted in the graph as they run, so a step that ran is charged
     and one that did not is not; the ledger catches up here
     (:meth:`~tfdp_sparse.run.budget.RunBudget.record_to`, as the trainers' loop does after each step).
+    A ledger restored into ``state`` (by any path: :meth:`PrivacyState.restored_ledger`) is
+    continued as written first (:meth:`~tfdp_sparse.run.budget.RunBudget.resume`): its past
+    events and not-private marks stay the run's, as in the trainers' resume.
     """
+    restored = state.restored_ledger()
+    if restored is not None:
+        budget.resume(restored)
     ledger = budget.record_to(int(state.steps.numpy()))
-    state.ledger_json.assign(ledger.to_json())
+    state.write_ledger(ledger)
     return ledger
 
 

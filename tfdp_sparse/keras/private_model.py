@@ -337,29 +337,28 @@ class PrivateModel(tf.keras.Model):
     def load_weights(self, filepath, *args, **kwargs):
         """Restores what :meth:`save_weights` wrote: the weights and the private state beside them.
 
-        The run continues the saved ledger (its past steps, one-off events and
-        not-private marks as written), and a checkpoint of other privacy
+        The run continues the saved ledger as written (its past steps, one-off
+        events and not-private marks: :func:`~tfdp_sparse.keras.privacy_callback.sync_ledger`
+        continues any restored ledger), and a checkpoint of other privacy
         settings is refused (:func:`~tfdp_sparse.run.checkpoint.check_settings`; another privacy unit is
         refused when ``fit`` begins). A state file written before this format
-        (no privacy record) restores as before: the ledger is rebuilt from its
-        step count at this run's settings.
+        (no privacy record) restores too; its settings cannot be checked.
         """
         state = private_state_path(filepath)
         if not tf.io.gfile.exists(state + ".index"):
             return self._load_without_private_state(filepath, *args, **kwargs)
         out = self._read_weights(filepath, *args, **kwargs)
-        if not is_run_state(state):  # written before the one format: no ledger, no privacy record
+        if not is_run_state(state):  # written before the one format: no privacy record
             tf.train.Checkpoint(mechanism=self.mechanism, **self._state_objects()).read(
                 state).assert_existing_objects_matched()
-            log.warning("%s holds no ledger (written before the run checkpoint format): the ledger is rebuilt from "
-                        "its %d steps at this run's settings", state, int(self.privacy_state.steps.numpy()))
+            log.warning("%s has no privacy record (written before the run checkpoint format): its privacy settings "
+                        "cannot be checked against this run's; its ledger continues", state)
             return out
         saved = read_saved_run(state)
-        ledger = self._private_state().restore(saved)
+        self._private_state().restore(saved)
         if self.privacy_state.unit_matches():  # another unit: refused when fit begins, with its own reason
             check_settings(saved, json.loads(self._identity_json), os.fspath(filepath),
                            "train a new make_private model, or repeat the saved settings")
-        self._run.budget.resume(ledger)
         return out
 
     # the stack's hooks (Keras 3: :class:`~tfdp_sparse.keras.private_model_keras3.Keras3PrivateModel`)

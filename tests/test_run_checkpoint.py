@@ -104,3 +104,15 @@ def test_a_state_file_of_the_old_layout_still_restores(tmp_path):
     again.fit(*data(), verbose=0)
     report = again.report()
     assert report["steps"] == 16 and report["private"] is False  # the old state's ledger kept the mark
+
+
+def test_a_restore_never_rolls_back_a_ledger_that_charged_steps(tmp_path):
+    """Training past a checkpoint and loading it again keeps every charged step: the older count is refused."""
+    first = _private(ctr_model(seed=1))
+    first.fit(*data(), verbose=0)
+    path = weights_path(tmp_path)
+    first.save_weights(path)
+    first.fit(*data(), verbose=0)  # 16 steps charged (what they released stays charged)
+    first.load_weights(path)       # the state of step 8
+    with pytest.raises(ValueError, match="behind its ledger"):
+        first.report()

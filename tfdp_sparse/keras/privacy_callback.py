@@ -84,12 +84,14 @@ def sync_ledger(state: PrivacyState, budget: RunBudget) -> PrivacyLedger:
     Steps are counted in the graph as they run, so a step that ran is charged
     and one that did not is not; the ledger catches up here
     (:meth:`~tfdp_sparse.run.budget.RunBudget.record_to`, as the trainers' loop does after each step).
-    A ledger restored into ``state`` (by any path: :meth:`PrivacyState.restored_ledger`) is
-    continued as written first (:meth:`~tfdp_sparse.run.budget.RunBudget.resume`): its past
-    events and not-private marks stay the run's, as in the trainers' resume.
+    A ledger restored into ``state`` (by any path: :meth:`PrivacyState.restored_ledger`) before this
+    run charged a step is continued as written first
+    (:meth:`~tfdp_sparse.run.budget.RunBudget.resume`): its past events and not-private marks stay
+    the run's, as in the trainers' resume. Once the run has charged steps, a restore never rolls its
+    ledger back (what those steps released stays charged): an older step count is refused below.
     """
     restored = state.restored_ledger()
-    if restored is not None:
+    if restored is not None and budget.ledger.steps == 0:
         budget.resume(restored)
     ledger = budget.record_to(int(state.steps.numpy()))
     state.write_ledger(ledger)

@@ -20,7 +20,11 @@ Mechanisms that must act on rows *before* they are read (LazyDP catches up
 pending noise) register a read hook with :meth:`DPEmbedding.add_read_hook`;
 it is called with the batch's unique ids while training and may return an
 op to wait for, or the rows it read itself (:class:`ShardRows`, sharded
-tables). Hooks registered
+tables), or, registered with ``corrects=True``, a
+:class:`~tfdp_sparse.layers.read_hooks.RowCorrection` that a lookup subtracts
+from the rows of its one gather and whose table write it builds after that
+gather (LazyDP: the rows less their owed noise; the gather does not wait for the
+write). Hooks registered
 with :meth:`DPEmbedding.add_inference_hook` run before reads outside
 training (``training`` falsy: evaluation, ``predict``, serving), e.g. to
 apply all pending noise before a model is evaluated or exported (the hooks
@@ -57,8 +61,8 @@ import tensorflow as tf
 from tfdp_sparse.clipping import taps
 from tfdp_sparse.distribute.shards import is_sharded, locate_rows
 from tfdp_sparse.keras_stack import as_tf_variable, is_keras_3, sublayers
-from tfdp_sparse.layers.read_hooks import ReadHook, ReadHooks  # noqa: F401 (ReadHook re-exported)
-from tfdp_sparse.xla import unique_ids
+from tfdp_sparse.layers.read_hooks import ReadHook, ReadHooks, RowCorrection  # noqa: F401 (re-exported)
+from tfdp_sparse.xla import in_xla_context, unique_ids
 
 _COMBINERS = ("sum", "mean")
 
@@ -130,13 +134,14 @@ class DPEmbedding(tf.keras.layers.Layer):
         """
         return as_tf_variable(self.embeddings)
 
-    def add_read_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
+    def add_read_hook(self, hook: ReadHook, owner: Optional[object] = None, corrects: bool = False) -> None:
         """Registers ``hook(table, unique_ids)`` to run before rows are read.
 
         ``owner`` (e.g. the LazyDP mechanism whose hook it is) is remembered
-        weakly, so guards find it through :meth:`hook_owners`.
+        weakly, so guards find it through :meth:`hook_owners`. ``corrects``: the hook
+        takes ``correct=True`` from :meth:`lookup` and may return a :class:`RowCorrection`.
         """
-        self._read_hooks.add_read_hook(hook, owner)
+        self._read_hooks.add_read_hook(hook, owner, corrects=corrects)
 
     def add_inference_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
         """Registers ``hook(table, unique_ids)`` to run before reads outside training."""
@@ -149,14 +154,16 @@ class DPEmbedding(tf.keras.layers.Layer):
     def _hooks(self, training) -> list:
         return self._read_hooks.hooks(training)
 
-    def _run_hooks(self, unique_ids: tf.Tensor, training, shard_ids: Optional[list] = None) -> list:
+    def _run_hooks(self, unique_ids: tf.Tensor, training, shard_ids: Optional[list] = None,
+                   correct: bool = False) -> list:
         """Runs the read (``training``) or inference hooks for ``unique_ids``; returns their ops.
 
         ``shard_ids`` (sharded tables, training reads): the local ids per shard that the
         read itself gathers, passed on so a hook working on the servers reuses them; such a
         hook may return :class:`ShardRows` (the rows it read) instead of an op.
+        ``correct``: the caller applies what a correcting hook returns (:class:`RowCorrection`).
         """
-        return self._read_hooks.run(self.table, unique_ids, training, shard_ids)
+        return self._read_hooks.run(self.table, unique_ids, training, shard_ids, correct=correct)
 
     def read_rows(self, ids, training=None) -> tf.Tensor:
         """Rows ``[n, d]`` of the ids ``[n]`` (``>= 0``), read like a lookup but without a tap.
@@ -263,11 +270,40 @@ class DPEmbedding(tf.keras.layers.Layer):
         if is_sharded(self.table):
             return ids, self._sharded_read(ids, valid, checks, training)
         safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
+        corrections, positions = [], None
         if self._hooks(training):
-            checks += self._run_hooks(unique_ids(ids, valid), training)
+            if training and not in_xla_context():
+                # A single-id feature has no padding once its ids are checked: no mask, no padding row.
+                every = self.combiner is None and self.validate_ids
+                with tf.control_dependencies(checks if every else []):
+                    unique, positions = _unique_positions(ids, None if every else valid)
+                ops = self._run_hooks(unique, training, correct=True)
+                corrections = [op for op in ops if isinstance(op, RowCorrection)]
+                checks += [op for op in ops if not isinstance(op, RowCorrection)]
+            else:
+                checks += self._run_hooks(unique_ids(ids, valid), training)
         with tf.control_dependencies(checks):
             rows = tf.nn.embedding_lookup(self.table, safe_ids)  # ResourceGather [B, L, d]
-        return ids, rows
+        return ids, self._corrected(rows, corrections, positions)
+
+    def _corrected(self, rows: tf.Tensor, corrections: list, positions: Optional["_Positions"]) -> tf.Tensor:
+        """``rows`` less each :class:`RowCorrection` (per unique id; ``positions``: each lookup's unique id).
+
+        Each correction's write to the table waits for the corrected rows (so for the gather it
+        corrects): neither the gather nor the forward pass waits for it, and the rows are what the
+        table holds once it is written (padding lookups, ``positions`` one past the unique ids, are
+        left as read).
+        """
+        for correction in corrections:
+            values = correction.values
+            if positions.padded:
+                values = tf.concat([values, tf.zeros([1, self.dim], values.dtype)], 0)
+            # GatherNd: on this project's 2-core machine GatherV2 of these [B, L] x d rows cost ~10x more
+            rows = rows - tf.gather_nd(values, positions.index[..., tf.newaxis])
+        with tf.control_dependencies([rows]):  # after the read they correct, and off the forward pass's path
+            for correction in corrections:
+                correction.write()
+        return rows
 
     def _placeholder_rows(self, ids: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
         """Rows of the weight's placeholder value: Keras 3's shape inference of a layer that builds this one.
@@ -342,6 +378,31 @@ class DPEmbedding(tf.keras.layers.Layer):
             validate_ids=self.validate_ids,
         )
         return config
+
+
+@dataclasses.dataclass(frozen=True)
+class _Positions:
+    """Per entry of a lookup's ids, its id's index among the unique ids (``padded``: padding points past them)."""
+
+    index: tf.Tensor
+    padded: bool
+
+
+def _unique_positions(ids: tf.Tensor, valid: Optional[tf.Tensor]) -> tuple[tf.Tensor, _Positions]:
+    """``(unique valid ids in first-seen order, each entry's index among them)``; padding gets their count.
+
+    ``valid`` ``None``: every entry is a valid id. Example: ids ``[[7, -1], [3, 7]]`` ->
+    ``([7, 3], [[0, 2], [1, 0]])``.
+    """
+    flat = tf.reshape(ids, [-1])
+    if valid is None:
+        unique, index = tf.unique(flat)
+        return unique, _Positions(tf.reshape(index, tf.shape(ids)), padded=False)
+    flat_valid = tf.reshape(valid, [-1])
+    unique, index = tf.unique(tf.boolean_mask(flat, flat_valid))
+    spread = tf.scatter_nd(tf.where(flat_valid), index, tf.shape(flat_valid, out_type=tf.int64))
+    positions = tf.where(flat_valid, spread, tf.size(unique))
+    return unique, _Positions(tf.reshape(positions, tf.shape(ids)), padded=True)
 
 
 def dp_embedding_rule(layer: DPEmbedding, recorder: taps.TapRecorder, call, inputs, training=None):

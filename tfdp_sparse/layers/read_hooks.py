@@ -3,7 +3,11 @@
 A mechanism that defers work on rows until they are read (LazyDP's owed
 noise) registers two hooks per table, each ``hook(table, unique_ids)``:
 
-* a *read hook*, run with the unique ids a training read is about to gather;
+* a *read hook*, run with the unique ids a training read is about to gather
+  (registered with ``corrects=True``, it is also called with ``correct=True`` by
+  readers that apply a :class:`RowCorrection`, ``DPEmbedding``'s lookups, and may
+  return one: the values the reader subtracts from the rows it gathers, and the
+  table write it builds after that gather);
 * an *inference hook*, run before reads outside training (evaluation,
   ``predict``, serving, saving), e.g. to apply all pending noise first.
 
@@ -47,6 +51,22 @@ ReadHook = Callable[..., Optional[object]]
 _HOOKED = "_tfdp_hooked_tables"
 
 
+@dataclasses.dataclass(frozen=True)
+class RowCorrection:
+    """What a correcting read hook returns to a reader that can apply it: the read rows' owed change.
+
+    ``values[j]`` is subtracted from the row of the ``j``-th unique id the hook was given, as the
+    reader reads it; ``write()`` builds the op that subtracts the same values from the table, and
+    the reader calls it after its gather, so the gather does not wait for the write (the write
+    waits for the gather). The rows read are the rows the table holds after the write, value for
+    value. LazyDP's catch-up of a whole table (:mod:`tfdp_sparse.mechanisms.lazydp_catchup`), as its
+    parameter-server catch-up reads rows less their owed noise from one gather.
+    """
+
+    values: tf.Tensor
+    write: Callable[[], object]
+
+
 class ReadHooks:
     """The read and inference hooks of one table, with their owners held weakly.
 
@@ -60,12 +80,18 @@ class ReadHooks:
 
     def __init__(self):
         self._read: list[ReadHook] = []
+        self._corrects: list[bool] = []  # aligned with _read: the hook takes correct=True (RowCorrection)
         self._inference: list[ReadHook] = []
         self._owners: list = []  # weakref.ref
 
-    def add_read_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
-        """Registers ``hook(table, unique_ids)`` to run before training reads; ``owner`` is remembered weakly."""
+    def add_read_hook(self, hook: ReadHook, owner: Optional[object] = None, corrects: bool = False) -> None:
+        """Registers ``hook(table, unique_ids)`` to run before training reads; ``owner`` is remembered weakly.
+
+        ``corrects``: the hook also takes ``correct=True``, from a reader that applies a
+        :class:`RowCorrection` (``DPEmbedding``'s lookups), and may then return one instead of an op.
+        """
         self._read.append(hook)
+        self._corrects.append(bool(corrects))
         self._remember(owner)
 
     def add_inference_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
@@ -85,15 +111,25 @@ class ReadHooks:
         """The read hooks (``training`` truthy) or the inference hooks."""
         return self._read if training else self._inference
 
-    def run(self, table, unique_ids: tf.Tensor, training, shard_ids: Optional[list] = None) -> list:
+    def run(self, table, unique_ids: tf.Tensor, training, shard_ids: Optional[list] = None,
+            correct: bool = False) -> list:
         """Runs the read (``training``) or inference hooks for ``unique_ids``; returns what they returned.
 
         ``shard_ids`` (sharded tables, training reads) is passed on to hooks
         that work on the servers (:class:`tfdp_sparse.layers.embedding.ShardRows`).
+        ``correct`` (training reads of a reader that applies :class:`RowCorrection`): passed on to
+        the hooks registered with ``corrects=True``, which may return one.
         """
         out = []
-        for hook in self.hooks(training):
-            result = hook(table, unique_ids) if shard_ids is None else hook(table, unique_ids, shard_ids)
+        hooks = self.hooks(training)
+        corrects = self._corrects if training else [False] * len(hooks)
+        for hook, takes in zip(hooks, corrects):
+            if shard_ids is not None:
+                result = hook(table, unique_ids, shard_ids)
+            elif correct and takes:
+                result = hook(table, unique_ids, correct=True)
+            else:
+                result = hook(table, unique_ids)
             if result is not None:
                 out.append(result)
         return out

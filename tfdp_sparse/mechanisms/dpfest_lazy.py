@@ -68,6 +68,9 @@ class KeptCatchUp(CatchUp):
     ``selection``: the rule's :class:`~tfdp_sparse.selection.BucketSelection` (the kept sets).
     """
 
+    #: It draws for the owing rows only (:meth:`owing_rows`): its noise is not aligned with the read's ids.
+    corrects_reads = False
+
     def __init__(self, state: LazyState, noise: NoiseSettings, servers: ShardedTables, selection):
         super().__init__(state, noise, servers)
         self.selection = selection
@@ -181,6 +184,10 @@ class LazyDPFESTRule(DPFESTRule, LazyDPRule):
             with tf.control_dependencies([self.catch_up.mark_outside_kept(i, ids)]):
                 out.append(tf.identity(ids))
         return out
+
+    def _table_update(self, grad: tf.IndexedSlices, domain: tf.Tensor) -> tuple[tf.IndexedSlices, tf.Tensor]:
+        """The touched kept rows, each once with its summed gradient (:meth:`_rows_to_noise`)."""
+        return self._summed_update(grad, domain)
 
     def _rows_to_noise(self, grad: tf.IndexedSlices, domain: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """The touched *kept* rows and their summed gradients (other rows' gradients are dropped).

@@ -38,7 +38,9 @@ Per step ``t`` (``k = completed_steps = t - 1``):
 
 1. *read hook* (registered on every :class:`~tfdp_sparse.layers.DPEmbedding`
    and hooked table by :meth:`LazyDPRule.bind_model`): the rows the batch reads catch up to ``k``
-   and ``last[r] = k``;
+   and ``last[r] = k`` (a ``DPEmbedding`` lookup reads them less their owed noise from its one
+   gather and the noise is written to the table after it, so the gather waits for no write:
+   :meth:`~.lazydp_catchup.CatchUp.catch_up_hook`);
 2. :meth:`LazyDPRule.privatize`: the unique touched rows get their summed
    clipped gradient *without* noise, and ``last[r]`` stays ``k``: step
    ``t``'s noise on them is owed like any skipped step's and joins the one
@@ -48,7 +50,9 @@ Per step ``t`` (``k = completed_steps = t - 1``):
    ``N(0, sigma^2 C^2)`` and the servers mark ``last[r] = t`` with it
    (:mod:`.lazydp_sharded`). Dense variables get ordinary DP-SGD noise;
    ``eta_t^2`` joins the running sum;
-3. the optimizer scatters ``eta_t / B`` times the touched rows (plain SGD).
+3. the optimizer scatters ``eta_t / B`` times the touched rows (plain SGD; on a whole table
+   the rule hands it the clipped sum as it came, one entry per lookup, and the optimizer sums
+   repeated ids as it does for SGD).
 
 Between a step and the next read, a touched row holds its gradient without
 that step's noise: like every row that owes noise, it must not leave the
@@ -104,7 +108,7 @@ import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded
 from tfdp_sparse.mechanisms.base import Mechanism, Noise, NoisedGradients, StepGrads
-from tfdp_sparse.mechanisms.sparse_rows import Gradient, sum_duplicates
+from tfdp_sparse.mechanisms.sparse_rows import Gradient, sum_duplicates, unique_row_values
 from tfdp_sparse.mechanisms.binding import bound_mechanisms  # noqa: F401 (re-exported)
 from tfdp_sparse.mechanisms.dpsgd import noise_dense
 from tfdp_sparse.mechanisms.lazydp_binding import TableBinding, check_optimizer, keras_embedding_refused
@@ -114,6 +118,7 @@ from tfdp_sparse.mechanisms.lazydp_state import LazyState, NoiseSettings
 from tfdp_sparse.mechanisms.tables import variable_key
 from tfdp_sparse.mechanisms.step_context import StepContext
 from tfdp_sparse.mechanisms.plans.lazydp import KNOBS, LazyDPPlan, parse_bool  # noqa: F401
+from tfdp_sparse.xla import in_xla_context
 
 
 class LazyDPRule(Mechanism):
@@ -289,12 +294,14 @@ class LazyDPRule(Mechanism):
                 continue
             if not isinstance(grad, tf.IndexedSlices):
                 raise TypeError(f"LazyDP expects IndexedSlices for table {var.name!r}, got {type(grad).__name__}")
-            ids, summed = self._rows_to_noise(grad, domain)
             if is_sharded(var):  # the update carries the step's noise; ShardedDPOptimizer marks the rows with it
-                summed = summed + self.gaussian_noise(tf.shape(summed), stddev)
-            # else the step's noise waits, with the rest a row owes, for its next read or flush (one draw)
-            out.append(tf.IndexedSlices(summed, ids, grad.dense_shape))
-            count += tf.cast(tf.size(ids), tf.int64) * int(var.shape[1])
+                update, values = self._summed_update(grad, domain)
+                noised = update.values + self.gaussian_noise(tf.shape(update.values), stddev)
+                update = tf.IndexedSlices(noised, update.indices, update.dense_shape)
+            else:  # the step's noise waits, with the rest a row owes, for its next read or flush (one draw)
+                update, values = self._table_update(grad, domain)
+            out.append(update)
+            count += values
         now = tf.cast(now, tf.int64)  # cast before waiting: only the write waits for the record (on its server)
         with tf.control_dependencies([recorded]):  # the next reads catch rows up to this step
             advanced = state.completed_steps.assign(now)
@@ -318,6 +325,24 @@ class LazyDPRule(Mechanism):
     def _noised_domains(self, step: StepGrads) -> list:
         """Per variable, what :meth:`_rows_to_noise` restricts a table's rows to (LazyDP: nothing)."""
         return [None] * len(step.variables)
+
+    def _table_update(self, grad: tf.IndexedSlices, domain) -> tuple[tf.IndexedSlices, tf.Tensor]:
+        """``(update, values it applies)`` of a whole table this step touches: no noise (the rows owe it).
+
+        LazyDP: the clipped sum as it is, one entry per lookup: the optimizer sums repeated ids, as
+        it does for SGD (summing them here too cost a second unique and segment sum per step);
+        the values are its unique rows times the width. Under XLA, :meth:`_rows_to_noise`'s
+        fixed-shape sums. Lazy DP-FEST keeps its kept rows (:meth:`_rows_to_noise`).
+        """
+        if in_xla_context():
+            return self._summed_update(grad, domain)
+        return grad, unique_row_values(grad)
+
+    def _summed_update(self, grad: tf.IndexedSlices, domain) -> tuple[tf.IndexedSlices, tf.Tensor]:
+        """``(update, values)`` over :meth:`_rows_to_noise`'s rows, each once with its summed gradient."""
+        ids, summed = self._rows_to_noise(grad, domain)
+        width = tf.shape(summed, out_type=tf.int64)[1]
+        return tf.IndexedSlices(summed, ids, grad.dense_shape), tf.size(ids, out_type=tf.int64) * width
 
     def _rows_to_noise(self, grad: tf.IndexedSlices, domain) -> tuple[tf.Tensor, tf.Tensor]:
         """``(unique int64 ids, summed rows)`` of a table gradient that this step noises and applies.

@@ -213,7 +213,10 @@ class TableBinding:
         with tf.init_scope(), tf.device(variable_device(table)):
             flushed_at = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{name}_lazydp_flushed_at")
         self.state.add_table(table, name, history, flushed_at)
-        hooks.add_read_hook(self.catch_up.catch_up_hook, owner=self.owner)
+        if self.catch_up.corrects_reads:  # DPEmbedding's lookups read the rows less their noise (RowCorrection)
+            hooks.add_read_hook(self.catch_up.catch_up_hook, owner=self.owner, corrects=True)
+        else:
+            hooks.add_read_hook(self.catch_up.catch_up_hook, owner=self.owner)
         hooks.add_inference_hook(self.catch_up.inference_hook, owner=self.owner)
 
     def _bind_keras_embedding(self, layer) -> None:

@@ -30,6 +30,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tfdp_sparse.distribute.shards import is_sharded, split_ids
+from tfdp_sparse.layers.read_hooks import RowCorrection
 from tfdp_sparse.mechanisms.lazydp_replicas import replica_catch_up, replica_catch_up_needed
 from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, ShardedTables, history_rows, owed_std
 from tfdp_sparse.mechanisms.lazydp_state import LazyState, NoiseSettings
@@ -224,11 +225,19 @@ class CatchUp:
             return None
         return i if self.state.knows_batch() else None
 
+    #: The catch-up draws for every row it is given (:meth:`owing_rows`), so its noise can be returned to
+    #: the read as a :class:`~tfdp_sparse.layers.read_hooks.RowCorrection` (lazy DP-FEST draws for some only).
+    corrects_reads = True
+
     @_no_autograph
-    def catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor, shard_ids=None):
+    def catch_up_hook(self, table: tf.Variable, unique_ids: tf.Tensor, shard_ids=None, correct: bool = False):
         """Training read: rows about to be read receive all their pending noise.
 
         ``shard_ids``: a sharded table's read passes its shard-local ids (:mod:`.lazydp_sharded`).
+        ``correct`` (``DPEmbedding``'s lookups, hooks registered with ``corrects=True``): returns the
+        owed noise as a :class:`~tfdp_sparse.layers.read_hooks.RowCorrection` whose write the layer
+        builds after its gather: the layer reads the rows less their noise from that one gather,
+        and the gather does not wait for the write (as on parameter servers, :mod:`.lazydp_sharded`).
         """
         i = self._hook_target(table)
         if i is None:
@@ -241,9 +250,14 @@ class CatchUp:
             if shard_ids is None:  # the caller reads the rows itself, after the writes
                 return self.servers.server_catch_up(i, table, split_ids(unique_ids, table), self.scale())[1]
             return self.servers.server_catch_up(i, table, shard_ids, self.scale())[0]  # rows less owed noise
-        ids, noise = self.owed_rows(table, unique_ids, self.state.completed())
+        correcting = correct and self.corrects_reads and not in_xla_context()  # noise[j]: owed by unique_ids[j]
+        ids, noise = self._owed_rows(table, unique_ids, self.state.completed(), wait_for_mark=not correcting)
         dense_shape = tf.constant(table.shape.as_list(), tf.int64)
-        return table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
+
+        def write():
+            return table.scatter_sub(tf.IndexedSlices(noise, ids, dense_shape))
+
+        return RowCorrection(noise, write) if correcting else write()
 
     def owes(self, last: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
         """Which read rows a catch-up draws for (bool, like ``last``): LazyDP, all of them (see :meth:`owing_rows`)."""
@@ -265,9 +279,19 @@ class CatchUp:
         """``(ids, noise to subtract)`` owed by ``unique_ids`` when caught up to ``completed_steps``.
 
         Marks the rows caught up (history ``max(last, k)``). The Keras read
-        hook scatters the noise into the table; the TPU look-ahead sends it
+        hook scatters the noise into the table (after the lookup's gather, which
+        subtracts it: :meth:`catch_up_hook`); the TPU look-ahead sends it
         through the update feature. Nothing is drawn when sigma is 0 or the
-        table is not bound.
+        table is not bound. The returned tensors wait for the rows' marking.
+        """
+        return self._owed_rows(table, unique_ids, completed_steps, wait_for_mark=True)
+
+    def _owed_rows(self, table: tf.Variable, unique_ids: tf.Tensor, completed_steps,
+                   wait_for_mark: bool) -> tuple[tf.Tensor, tf.Tensor]:
+        """:meth:`owed_rows`; without ``wait_for_mark`` the noise does not wait for the history's write.
+
+        That write still follows the draw and runs in the step; a read's correction
+        (:meth:`catch_up_hook`) need not wait for it.
         """
         i = self.state.tables.position(table)
         width = int(table.shape[1])
@@ -282,6 +306,8 @@ class CatchUp:
         noise = self.deferred_noise(last, k, tf.stack([tf.size(ids), width]), self.scale())
         with tf.control_dependencies([noise]):
             update = history.scatter_update(tf.IndexedSlices(tf.maximum(last, k), ids))
+        if not wait_for_mark:
+            return ids, noise
         with tf.control_dependencies([update]):
             return tf.identity(ids), tf.identity(noise)
 

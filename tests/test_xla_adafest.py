@@ -96,7 +96,7 @@ def test_compiled_noise_law_and_false_positive_count():
     sigma2, clip, lr, vocab, tau, sigma1 = 1.0, 1.0, 1.0, 100_000, 3.0, 1.0
     tf.keras.utils.set_random_seed(3)
     ids = tf.keras.Input((1,), dtype=tf.int64)
-    model = tf.keras.Model(ids, DPEmbedding(vocab, 8, embeddings_initializer="zeros", name="table")(ids)[:, :1])
+    model = tf.keras.Model(ids, DPEmbedding(vocab, 32, embeddings_initializer="zeros", name="table")(ids)[:, :1])
     model(np.zeros((1, 1), np.int64))
     config = PrivacyConfig(algorithm="adafest", noise_multiplier=sigma2, l2_norm_clip=clip, accountant="rdp",
                            extra=(("tau", tau), ("sigma1", sigma1), ("C1", 1.0)))

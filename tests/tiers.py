@@ -444,8 +444,9 @@ FULL_ONLY: dict[str, Moved] = {
          "tests/test_xla_trainers.py::test_trainer_with_jit_and_static_batch_equals_fit_and_charges_alike"),
         "9 s; the dual encoder compiles with DP-SGD, LazyDP compiles in the pCTR trainer"),
     "tests/test_tpu_trainers.py::test_pctr_trains_on_the_emulator[eana]": Moved(
-        ("tests/test_tpu_trainers.py::test_emulator_run_equals_keras_run",),
-        "10 s; the pCTR trainer on the emulator equals its Keras run (DP-AdaFEST, LazyDP)"),
+        ("tests/test_tpu_trainers.py::test_dual_encoder_trains_on_the_emulator",
+         "tests/test_tpu_equivalence.py::test_emulator_equals_keras_path"),
+        "10 s; a trainer runs on the emulator (the dual encoder's), whose steps equal the Keras path's"),
     "tests/test_dual_encoder.py::test_trainer_in_batch_reports_no_epsilon_and_lazydp_defaults_to_sampled": Moved(
         ("tests/test_dual_encoder.py::test_in_batch_run_is_recorded_not_private_and_refuses_a_budget",
          "tests/test_sensitivity_negatives.py::test_in_batch_negatives_exceed_c"),

@@ -2,8 +2,8 @@
 
 Tiny runs (vocab_scale 0.01, one hidden layer of 16, a few hundred examples,
 5-20 steps) called in-process through ``train_and_evaluate(PctrRun(...))``.
-Covers: the metrics line, SavedModel export and reload, exact resume and the
-refusal of changed privacy settings on resume, all on one shared 20-step run.
+Covers: the metrics line and SavedModel export and reload on one shared 20-step
+run (exact resume and the refusal of changed settings: tests/test_train_pctr_resume.py).
 
 The trainer's tests are split by topic (each file within the fast tier's
 per-file budget); the helpers here (``make_run``, ``model_weights``,
@@ -110,36 +110,3 @@ def test_saved_model_takes_raw_features_and_matches_keras(full_run):
     bad[0, 3] = cfg.table_sizes[3]
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside its table"):
         served.serve(cat=tf.constant(bad, tf.int64), dense=tf.constant(raw_dense[:1]))
-
-
-def test_resume_continues_steps_epsilon_and_weights_exactly(full_run, tmp_path):
-    full, full_dir, _ = full_run
-    model_dir = str(tmp_path / "ckpt")
-    first = tp.train_and_evaluate(make_run(steps=10, model_dir=model_dir, dense_optimizer="adam", noise_seed=7))
-    assert first["steps"] == 10
-    second = tp.train_and_evaluate(make_run(steps=20, model_dir=model_dir, dense_optimizer="adam", noise_seed=7))
-    assert second["steps"] == 20 and second["resumed_from_step"] == 10
-    ledger = accounting.PrivacyLedger.from_json(
-        tf.train.load_checkpoint(model_dir).get_tensor("ledger/.ATTRIBUTES/VARIABLE_VALUE").decode()
-    )
-    assert ledger.steps == 20
-    assert second["epsilon"] == full["epsilon"]
-    resumed, uninterrupted = model_weights(model_dir), model_weights(full_dir)
-    assert resumed.keys() == uninterrupted.keys() and len(resumed) > 26
-    for key in resumed:
-        np.testing.assert_array_equal(resumed[key], uninterrupted[key], err_msg=key)
-    assert second["auc"] == full["auc"]
-    again = tp.train_and_evaluate(make_run(steps=20, model_dir=model_dir, dense_optimizer="adam", noise_seed=7))
-    assert again["steps"] == 20 and again["epsilon"] == full["epsilon"] and again["auc"] == full["auc"]
-    assert again["stop_reason"] == f"the checkpoint in {model_dir} already has 20 >= 20 steps"
-    assert again["examples_per_sec"] is None and again["gradient_size"] is None  # nothing ran
-
-
-def test_resume_with_other_privacy_settings_is_refused(full_run):
-    _, full_dir, _ = full_run
-    other = PrivacyConfig(algorithm="dpsgd", noise_multiplier=1.0, l2_norm_clip=2.0)
-    with pytest.raises(ValueError, match=r"different privacy settings \(changed: \['l2_norm_clip'\]\)"):
-        tp.train_and_evaluate(make_run(privacy=other, steps=30, model_dir=full_dir))
-    eana = PrivacyConfig(algorithm="eana", noise_multiplier=1.0, l2_norm_clip=1.0)
-    with pytest.raises(ValueError, match="new --model_dir"):
-        tp.train_and_evaluate(make_run(privacy=eana, steps=30, model_dir=full_dir))

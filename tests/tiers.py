@@ -117,11 +117,11 @@ FULL_ONLY: dict[str, Moved] = {
     # -- resume and checkpoints --------------------------------------------------------------------
     "tests/test_resume_privacy.py::test_seeded_run_stays_not_private_after_resume_without_seed": Moved(
         ("tests/test_resume_privacy.py::test_refresh_noise_keeps_lazydp_history_and_reseeds_only_secure_generators",
-         _PCTR + "test_resume_continues_steps_epsilon_and_weights_exactly"),
+         "tests/test_train_pctr_resume.py::test_resume_continues_steps_epsilon_and_weights_exactly"),
         "two trainer runs (21 s)"),
     "tests/test_resume_privacy.py::test_secure_run_resumed_securely_is_private": Moved(
         ("tests/test_resume_privacy.py::test_refresh_noise_keeps_lazydp_history_and_reseeds_only_secure_generators",
-         _PCTR + "test_resume_continues_steps_epsilon_and_weights_exactly"),
+         "tests/test_train_pctr_resume.py::test_resume_continues_steps_epsilon_and_weights_exactly"),
         "two trainer runs (20 s)"),
     "tests/test_resume_privacy.py::test_two_resumes_of_one_checkpoint_add_different_noise": Moved(
         ("tests/test_resume_privacy.py::test_refresh_noise_keeps_lazydp_history_and_reseeds_only_secure_generators",),

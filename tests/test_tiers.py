@@ -47,6 +47,25 @@ def _exists(nodeid: str) -> bool:
     return function in defined or f"{cls}::*" in defined
 
 
+def _marked_slow(nodeid: str) -> bool:
+    """True when the test function of ``nodeid`` is decorated ``@pytest.mark.slow`` (``make test-slow`` only)."""
+    path, _, name = nodeid.partition("::")
+    with open(os.path.join(ROOT, path), encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    function = name.split("[", 1)[0].split("::")[-1]
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
+            return any(ast.unparse(d).endswith("mark.slow") for d in node.decorator_list)
+    return False
+
+
+@pytest.mark.parametrize("nodeid", sorted(FULL_ONLY))
+def test_no_cover_is_marked_slow(nodeid):
+    """A slow test runs in neither tier (CI runs make test-all): it proves nothing there, so it covers nothing."""
+    for cover in FULL_ONLY[nodeid].covered_by:
+        assert not _marked_slow(cover), f"{nodeid}: its cover {cover} is marked slow and never runs in CI"
+
+
 @pytest.mark.parametrize("nodeid", sorted(FULL_ONLY))
 def test_each_moved_test_exists_and_names_fast_tests_that_exist(nodeid):
     assert _exists(nodeid), f"{nodeid} is in tests/tiers.py but no such test is defined"

@@ -9,7 +9,7 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test test-full test-all test-slow bench clean
+.PHONY: setup demo test test-full test-all bench clean
 
 $(STAMP): requirements.txt setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,8 @@ demo: setup
 # then the Keras 3 suite the same way in processes of its own (the legacy switch is per process).
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 ON_BOTH_CORES := TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 OMP_NUM_THREADS=1 $(PYTEST) -n 2 --dist loadfile
-FAST := not slow and not full
-FULL := full and not slow
+FAST := not full
+FULL := full
 # pytest exits 5 when a tier selects no test in a folder: for the full tier that is not an error.
 NONE_IS_FINE := || [ $$? -eq 5 ]
 
@@ -57,9 +57,6 @@ test-full: setup
 	TF_USE_LEGACY_KERAS=0 $(ON_BOTH_CORES) -m "$(FULL)" tests/keras3 $(NONE_IS_FINE)
 
 test-all: test test-full
-
-test-slow: setup
-	$(PY) -m pytest -q -m slow
 
 bench: setup
 	$(PY) -m benchmarks.step_time --algorithms=sgd,dpsgd --vocab=1e5,1e6,1e7

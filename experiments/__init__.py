@@ -1,8 +1,8 @@
 """Experiments built on the library, kept apart from it (issue 9).
 
 Each experiment is a package split into grid (what to run), run (training),
-report (tables) and plot (figures); its command line stays in ``trainers/``.
-Example: ``python -m trainers.sweep`` runs :mod:`experiments.sweep`, the
+report (tables) and plot (figures), with its command line (``cli.py``, ``__main__.py``).
+Example: ``python -m experiments.sweep`` runs :mod:`experiments.sweep`, the
 utility sweep of Ghazi et al., "Sparsity-Preserving Differentially Private
 Training of Large Embedding Models", NeurIPS'23.
 """

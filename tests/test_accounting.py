@@ -388,7 +388,6 @@ def test_cli_calibrates_in_process(capsys):
     assert "exactly one of" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_docstring_examples():
     """Every accounting module's examples (``testmod`` of the package alone saw only its own 2)."""
     import importlib

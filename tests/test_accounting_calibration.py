@@ -213,7 +213,6 @@ def test_scout_stops_when_the_model_settles_without_proving():
     assert abs(guess - root) <= 2.5e-4 and len(points) <= 5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(GRID))
 def test_pinned_references_are_the_bisection(name, fresh):
     """The references above: bisection to 1e-4 on epsilon_from_event (about 12 ledger evaluations each)."""

@@ -188,3 +188,27 @@ def test_attached_layers_keep_autograph_for_their_own_python_control_flow():
     model.compile(optimizer=opt, loss=tf.keras.losses.MeanSquaredError(reduction="none"))
     history = model.fit(tf.ones([4, 3]), tf.zeros([4, 1]), batch_size=4, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
+
+
+def test_dp_embedding_brings_its_own_rule_for_its_exact_type_only():
+    """``layers/`` gives ``DPEmbedding`` its rule (``CarriesClippingRule``): clipping never imports the layers.
+
+    Any registry covers ``DPEmbedding`` exactly; a subclass (which may change ``call``) gets no rule by
+    inheritance, as with registered types, and a registered rule takes precedence over the layer's own.
+    """
+    from tfdp_sparse.layers.embedding import dp_embedding_rule
+
+    class MyEmbedding(DPEmbedding):
+        def call(self, inputs, training=None):
+            return super().call(inputs, training) * 2.0
+
+    dense_only = LayerRegistry({tf.keras.layers.Dense: keras_layers.dense_rule})
+    assert dense_only.rule_for(DPEmbedding(4, 2)) is dp_embedding_rule
+    assert dense_only.has_rule(DPEmbedding(4, 2)) and not dense_only.has_rule(MyEmbedding(4, 2))
+    assert dense_only.rule_for(MyEmbedding(4, 2)) is None
+    assert default_registry().rule_for(DPEmbedding(4, 2)) is dp_embedding_rule
+
+    def own_rule(layer, recorder, call, *args, **kwargs):
+        return call(*args, **kwargs)
+
+    assert LayerRegistry({DPEmbedding: own_rule}).rule_for(DPEmbedding(4, 2)) is own_rule

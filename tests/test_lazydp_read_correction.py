@@ -1,6 +1,6 @@
 """LazyDP's catch-up on a DPEmbedding lookup: the rows less their owed noise from one gather, the table written after it.
 
-The read hook returns the owed noise as a :class:`~tfdp_sparse.layers.read_hooks.RowCorrection`;
+The read hook returns the owed noise as a :class:`~tfdp_sparse.tables.read_hooks.RowCorrection`;
 the layer subtracts it from the rows it gathers and builds the table's write after that gather,
 so the gather no longer waits for the write. Pinned here: the rows a training read sees are the
 table's rows after the catch-up, value for value (padding and repeated ids included); a run is
@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tfdp_sparse.keras import DPOptimizer, PrivateStep
 from tfdp_sparse.layers import DPEmbedding
-from tfdp_sparse.layers.read_hooks import HookedTables, ReadHooks, RowCorrection
+from tfdp_sparse.tables.read_hooks import HookedTables, ReadHooks, RowCorrection
 from tfdp_sparse.mechanisms import LazyDP
 
 

@@ -1,4 +1,4 @@
-"""Read hooks of tables read by a layer itself (:mod:`tfdp_sparse.layers.read_hooks`), on either Keras stack.
+"""Read hooks of tables read by a layer itself (:mod:`tfdp_sparse.tables.read_hooks`), on either Keras stack.
 
 The keras-rs use (LazyDP on ``DistributedEmbedding``) is in ``tests/keras3/test_lazydp_keras_rs.py``;
 here the neutral pieces: unique ids per read, hooks of all rows, weak owners, idempotent hooking
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdp_sparse.layers.read_hooks import HookedTables, ReadHooks, hook_tables, hooked_tables_in, hooked_tables_of
+from tfdp_sparse.tables.read_hooks import HookedTables, ReadHooks, hook_tables, hooked_tables_in, hooked_tables_of
 from tfdp_sparse.mechanisms.binding import bound_mechanisms
 
 

@@ -1,7 +1,7 @@
 """DPEmbedding's read of a sharded table (``ShardedVariable``), against the same layer on a plain table.
 
 On parameter servers the layer reads each unique valid id once, split into
-shard-local ids in one place (``distribute.shards.locate_rows``); padding
+shard-local ids in one place (``tables.shards.locate_rows``); padding
 reads zeros. Here the shards are local variables, so values, order and
 gradients can be compared exactly with the plain-table lookup.
 """
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdp_sparse.distribute.shards import ShardedVariable, locate_rows, split_ids
+from tfdp_sparse.tables.shards import ShardedVariable, locate_rows, split_ids
 from tfdp_sparse.layers.embedding import DPEmbedding
 
 VOCAB, DIM = 11, 3

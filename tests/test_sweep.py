@@ -1,4 +1,4 @@
-"""Tests of trainers.sweep: a tiny end-to-end sweep and its building blocks."""
+"""Tests of experiments.sweep (its CLI, experiments/sweep/cli.py): a tiny end-to-end sweep and its building blocks."""
 
 import dataclasses
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from tfdp_sparse.data import synthetic
 from tfdp_sparse.selection import frequency
-from trainers import sweep
+from experiments.sweep import cli as sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

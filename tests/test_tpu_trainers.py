@@ -64,10 +64,9 @@ def test_flag_is_mapped_to_the_enum():
         fv(["train_pctr", "--embedding_backend=gpu"])
 
 
-@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=[] if a == "eana" else pytest.mark.slow)
-                                       for a in sorted(PRIVACY)])
+@pytest.mark.parametrize("algorithm", sorted(PRIVACY))
 def test_pctr_trains_on_the_emulator(algorithm):
-    """Every algorithm end to end (fast: EANA; the rest are slow-marked: each run traces the 26-table model)."""
+    """Every algorithm end to end (full tier: each run traces the 26-table model)."""
     metrics = tp.train_and_evaluate(_run(algorithm, EmbeddingBackend.TPU_EMULATOR))
     assert metrics["steps"] == 4 and math.isfinite(metrics["auc"])
 
@@ -81,7 +80,6 @@ def test_fixed_shape_run_on_the_emulator_equals_the_poisson_run_on_keras():
     assert emulated["gradient_size"] == keras["gradient_size"]  # the same rows: padded slots touch none
 
 
-@pytest.mark.slow  # two 26-table traces per run (the loop's look-ahead is also pinned fast in test_tpu_lookahead)
 @pytest.mark.parametrize("algorithm", ["adafest", "lazydp"])
 def test_emulator_run_equals_keras_run(algorithm):
     keras = tp.train_and_evaluate(_run(algorithm, EmbeddingBackend.KERAS, steps=3))

@@ -189,7 +189,7 @@ def test_report_table_formatting(tmp_path, capsys):
 # Flagfiles and the command line.
 
 
-# Flagfiles of the pCTR trainer (sweep_*.cfg belong to trainers.sweep and are tested there).
+# Flagfiles of the pCTR trainer (sweep_*.cfg belong to experiments.sweep and are tested there).
 CONFIGS = sorted(
     f for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".cfg") and not f.startswith("sweep_")
 )

@@ -119,7 +119,6 @@ def step_time_smoke(tmp_path_factory):
     return settings, st.run(settings, output), path
 
 
-@pytest.mark.slow  # six short trainer runs, minutes on a shared 2-core machine: `make test-slow`
 def test_step_time_smoke_lines(step_time_smoke):
     settings, lines, path = step_time_smoke
     assert [json.loads(x) for x in path.read_text().splitlines()] == lines

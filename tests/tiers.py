@@ -443,14 +443,37 @@ FULL_ONLY: dict[str, Moved] = {
         ("tests/test_xla_trainers.py::test_the_dual_encoder_trainer_compiles_on_fixed_shapes[dpsgd]",
          "tests/test_xla_trainers.py::test_trainer_with_jit_and_static_batch_equals_fit_and_charges_alike"),
         "9 s; the dual encoder compiles with DP-SGD, LazyDP compiles in the pCTR trainer"),
-    "tests/test_tpu_trainers.py::test_pctr_trains_on_the_emulator[eana]": Moved(
+    "tests/test_tpu_trainers.py::test_pctr_trains_on_the_emulator": Moved(
         ("tests/test_tpu_trainers.py::test_dual_encoder_trains_on_the_emulator",
          "tests/test_tpu_equivalence.py::test_emulator_equals_keras_path"),
-        "10 s; a trainer runs on the emulator (the dual encoder's), whose steps equal the Keras path's"),
+        "6-27 s per mechanism (each traces the 26-table model); a trainer runs on the emulator (the dual "
+        "encoder's), whose steps equal the Keras path's for every mechanism"),
     "tests/test_dual_encoder.py::test_trainer_in_batch_reports_no_epsilon_and_lazydp_defaults_to_sampled": Moved(
         ("tests/test_dual_encoder.py::test_in_batch_run_is_recorded_not_private_and_refuses_a_budget",
          "tests/test_sensitivity_negatives.py::test_in_batch_negatives_exceed_c"),
         "9 s; the in-batch run's not-private record and its unbounded sensitivity stay fast"),
+    # -- once marked slow (run by neither tier before: now by make test-all) ---------------------
+    "tests/test_tpu_trainers.py::test_emulator_run_equals_keras_run": Moved(
+        ("tests/test_tpu_equivalence.py::test_emulator_equals_keras_path",
+         "tests/test_tpu_static_batch.py::test_emulator_on_padded_batches_equals_keras_path_on_the_batches",
+         "tests/test_tpu_lookahead.py::test_lookahead_equals_read_time_catch_up"),
+        "36-38 s per mechanism (two 26-table traces); the emulator's steps equal the Keras path's on small models, "
+        "LazyDP's look-ahead included"),
+    "tests/test_accounting.py::test_docstring_examples": Moved(
+        ("tests/test_accounting.py::test_calibrate_round_trip",
+         "tests/test_accounting.py::test_ledger_json_round_trip",
+         "tests/test_accounting.py::test_cli_calibrates_in_process"),
+        "8 s of doctests of every accounting module; what the examples show (calibration, ledgers, the CLI) is "
+        "pinned by the unit tests"),
+    "tests/test_accounting_calibration.py::test_pinned_references_are_the_bisection": Moved(
+        ("tests/test_accounting_calibration.py::test_sigma_meets_the_target_with_the_ledgers_function_close_to_the_reference",
+         "tests/test_accounting_calibration.py::test_root_search_on_a_power_law"),
+        "about 12 ledger evaluations per setting (24 s in all); the calibrated σ meets the target close to the "
+        "pinned references"),
+    "tests/test_user_level_experiments.py::test_step_time_smoke_lines": Moved(
+        ("tests/test_user_level_experiments.py::test_step_time_summary_takes_the_median_of_same_round_ratios",
+         "tests/test_user_level_experiments.py::test_step_time_model_size_flags_and_their_validation"),
+        "six short trainer runs (100 s); the summary and the flags are pinned by unit tests"),
 }
 
 

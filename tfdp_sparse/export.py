@@ -4,7 +4,8 @@ A mechanism that defers noise (LazyDP) holds rows whose noise has not been
 applied yet; exporting them would reveal which rows were never touched.
 :func:`export_saved_model` refuses when a mechanism has pending noise — the
 one passed, or, without one, every LazyDP mechanism bound to the layers of
-``module`` — so callers flush first (``mechanism.flush()``). Independently,
+``module`` — so callers flush first (``mechanism.flush()``); the guard and its
+:class:`PendingNoiseError` live with the mechanisms (:mod:`tfdp_sparse.mechanisms.pending_noise`). Independently,
 tracing a ``DPEmbedding`` read for a SavedModel while its table owes noise
 raises (LazyDP's hooks), which also covers serving wrappers such as
 ``models.pctr.PctrServing`` that hold variables rather than layers. The
@@ -24,27 +25,8 @@ from typing import Optional
 import tensorflow as tf
 
 from tfdp_sparse.mechanisms.base import Mechanism
-
-
-class PendingNoiseError(RuntimeError):
-    """Raised when a model would be saved with noise still pending."""
-
-
-def ensure_no_pending_noise(mechanism: Optional[Mechanism], action: str = "export") -> None:
-    """Raises :class:`PendingNoiseError` if ``mechanism`` still owes noise (the one pending-noise guard).
-
-    Example: after LazyDP steps without a flush, ``ensure_no_pending_noise(mech)``
-    raises ``refusing to export: lazydp has pending noise on embedding rows
-    (rows owing noise per table: {...}) ...``.
-    """
-    if mechanism is None or not mechanism.has_pending():
-        return
-    rows = mechanism.pending_rows()
-    detail = f" (rows owing noise per table: {rows})" if rows else ""
-    raise PendingNoiseError(
-        f"refusing to {action}: {mechanism.name} has pending noise on embedding rows{detail}; it would reveal "
-        "which rows were never touched. Call flush_all(...) or mechanism.flush() first"
-    )
+from tfdp_sparse.mechanisms.binding import bound_mechanisms
+from tfdp_sparse.mechanisms.pending_noise import PendingNoiseError, ensure_no_pending_noise  # noqa: F401 (public here too)
 
 
 def export_saved_model(module: tf.Module, export_dir: str, mechanism: Optional[Mechanism] = None, signatures=None) -> str:
@@ -54,8 +36,6 @@ def export_saved_model(module: tf.Module, export_dir: str, mechanism: Optional[M
     layers instead (none for a module that only holds variables: then the
     trace-time refusal of ``DPEmbedding`` reads is the guard).
     """
-    from tfdp_sparse.mechanisms.binding import bound_mechanisms  # mechanisms import this module lazily
-
     for mech in [mechanism] if mechanism is not None else bound_mechanisms(module):
         ensure_no_pending_noise(mech)
     tf.saved_model.save(module, export_dir, signatures=signatures)

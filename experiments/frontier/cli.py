@@ -42,7 +42,7 @@ from experiments.frontier.config import (
 )
 from experiments.frontier.run import run_frontier
 from trainers import summary
-from trainers.sweep import _floats, define_grid_flags, grids_from_flags
+from experiments.sweep.cli import define_grid_flags, float_list, grids_from_flags
 
 _S = default_sweep()
 _F = FrontierConfig()
@@ -83,16 +83,16 @@ def config_from_flags(fv: flags.FlagValues) -> FrontierConfig:
     """The validated ``FrontierConfig`` of parsed flags (``--scale`` applied)."""
     sweep = dataclasses.replace(
         _S, output_dir=fv.output_dir, target_epsilon=fv.target_epsilon, delta=fv.delta, accountant=fv.accountant,
-        seeds=tuple(int(s) for s in _floats(fv.seeds, "seeds")),
+        seeds=tuple(int(s) for s in float_list(fv.seeds, "seeds")),
         **grids_from_flags(fv),
         num_examples=fv.num_examples, num_eval_examples=fv.num_eval_examples, public_examples=fv.public_examples,
         vocab_scale=fv.vocab_scale, batch_size=fv.batch_size, steps=fv.steps, log_every=fv.log_every,
-        hidden=tuple(int(h) for h in _floats(fv.hidden, "hidden")),
+        hidden=tuple(int(h) for h in float_list(fv.hidden, "hidden")),
     )
     config = FrontierConfig(
         sweep=sweep, algorithms=tuple(fv.algorithms), epsilon_points=fv.epsilon_points,
-        adafest_heatmap=fv.adafest_heatmap, heatmap_ratios=_floats(fv.heatmap_ratios, "heatmap_ratios"),
-        heatmap_taus=_floats(fv.heatmap_taus, "heatmap_taus"),
+        adafest_heatmap=fv.adafest_heatmap, heatmap_ratios=float_list(fv.heatmap_ratios, "heatmap_ratios"),
+        heatmap_taus=float_list(fv.heatmap_taus, "heatmap_taus"),
         table_optimizers=parse_table_optimizers(fv.table_optimizers),
     )
     return config.scaled(fv.scale).validate()

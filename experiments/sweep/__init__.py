@@ -15,7 +15,7 @@ The package is split by concept:
 * :mod:`~experiments.sweep.plot` — ``auc_vs_reduction.png``.
 
 The command line (flags -> ``SweepConfig`` -> ``run_sweep``) is
-``python -m trainers.sweep``; see its ``--help`` for every output and flag.
+``python -m experiments.sweep``; see its ``--help`` for every output and flag.
 
 Example::
 

@@ -45,7 +45,7 @@ from typing import Optional, Sequence, Union
 import tensorflow as tf
 
 from tfdp_sparse.clipping.taps import EmbeddingTap, GenericTap, LayerTap, Tap
-from tfdp_sparse.distribute.shards import is_sharded
+from tfdp_sparse.tables.shards import is_sharded
 from tfdp_sparse.keras_stack import model_layers, sublayers, tf_variables
 from tfdp_sparse.tables import table_parts
 

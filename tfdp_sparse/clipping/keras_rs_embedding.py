@@ -36,7 +36,7 @@ runs unchanged, after the read hooks of its tables if it has any.
 
 Mechanisms that must act on rows before they are read (LazyDP adds a row's
 owed noise) reach keras-rs tables through read hooks
-(:func:`tfdp_sparse.layers.read_hooks.hook_tables`, installed by
+(:func:`tfdp_sparse.tables.read_hooks.hook_tables`, installed by
 :func:`tfdp_sparse.keras.keras_rs_support.hook_keras_rs_tables`): this rule
 runs each table's read hooks with each feature's unique ids right before
 that feature's gather (features sharing a table: one read each, in feature
@@ -70,7 +70,7 @@ import tensorflow as tf
 
 from tfdp_sparse.clipping import taps
 from tfdp_sparse.clipping.coverage import UnsupportedLayerError
-from tfdp_sparse.layers.read_hooks import hooked_tables_of
+from tfdp_sparse.tables.read_hooks import hooked_tables_of
 
 #: keras-rs 0.4.0 names the variable of its SparseCore gradient trap so
 #: (``keras_rs.src.layers.embedding.tensorflow.distributed_embedding.GRADIENT_TRAP_DUMMY_NAME``).
@@ -220,7 +220,7 @@ def distributed_embedding_rule(layer: keras.layers.Layer, recorder: taps.TapReco
                                weights=None, training: bool = False):
     """``DistributedEmbedding``: each feature's gathered rows as an ``EmbeddingTap``, reduced as keras-rs does.
 
-    Tables given read hooks (:func:`tfdp_sparse.layers.read_hooks.hook_tables`, e.g. LazyDP's catch-up) get
+    Tables given read hooks (:func:`tfdp_sparse.tables.read_hooks.hook_tables`, e.g. LazyDP's catch-up) get
     them run before each feature's gather, with that feature's unique ids (one read per feature, as a
     ``DPEmbedding`` called once per feature). Outside a recording tape every table's hooks run as for a
     read of all its rows (LazyDP: a flush outside training), then the layer's own ``call``.

@@ -16,7 +16,9 @@ instances, until :func:`detach_taps`.
 Adding a layer kind: write ``rule(layer, recorder, call, *args, **kwargs)``
 that returns the layer's output, reads the weights its taps cover through
 :func:`~tfdp_sparse.clipping.taps.tap_read` and calls ``recorder.record(...)``,
-then ``registry.register(MyLayer, rule)``.
+then ``registry.register(MyLayer, rule)``. A layer kind of the toolkit brings its
+rule itself (:class:`CarriesClippingRule`: ``layers/`` gives ``DPEmbedding`` its own,
+so this package never imports the layers); a registered rule takes precedence.
 
 A registry may also have a *fallback* rule for layers of no registered type
 that hold trainable variables outside ruled sub-layers (and no other state):
@@ -52,6 +54,28 @@ LayerRule = Callable[..., object]
 _ORIGINAL = "_tfdp_original_call"
 
 
+class CarriesClippingRule:
+    """A layer class that brings its own clipping rule, for exactly itself.
+
+    :meth:`clipping_rule` returns the rule of ``cls`` or ``None``. A layer
+    class answers for its own type only (``cls is MyLayer``): a subclass may
+    change ``call``, so it gets no rule from its parent and is treated like any
+    unregistered layer (the fallback, or a refusal), as the registry treats types.
+
+    Example::
+
+        class MyTable(tf.keras.layers.Layer, CarriesClippingRule):
+            @classmethod
+            def clipping_rule(cls):
+                return my_table_rule if cls is MyTable else None
+    """
+
+    @classmethod
+    def clipping_rule(cls) -> Optional["LayerRule"]:
+        """The rule of exactly ``cls`` (``None``: no rule of its own)."""
+        return None
+
+
 class LayerRegistry:
     """Layer type -> clipping rule (exact types; see module docstring).
 
@@ -83,14 +107,21 @@ class LayerRegistry:
 
     def rule_for(self, layer: tf.keras.layers.Layer) -> Optional[LayerRule]:
         """The rule of ``type(layer)`` exactly, else the fallback if the layer needs it, else ``None``."""
-        rule = self._rules.get(type(layer))
+        rule = self._own_rule(layer)
         if rule is None and self._fallback is not None and generic.needs_fallback(layer, self.has_rule):
             return self._fallback
         return rule
 
     def has_rule(self, layer: tf.keras.layers.Layer) -> bool:
-        """Whether ``type(layer)`` exactly has a registered rule (the fallback does not count)."""
-        return type(layer) in self._rules
+        """Whether ``type(layer)`` exactly has a rule, registered or its own (the fallback does not count)."""
+        return self._own_rule(layer) is not None
+
+    def _own_rule(self, layer: tf.keras.layers.Layer) -> Optional[LayerRule]:
+        """The rule registered for ``type(layer)``, else the one its class brings (:class:`CarriesClippingRule`)."""
+        rule = self._rules.get(type(layer))
+        if rule is None and isinstance(layer, CarriesClippingRule):
+            rule = type(layer).clipping_rule()
+        return rule
 
     def describe(self) -> str:
         """The supported layer kinds, for error messages."""
@@ -100,7 +131,7 @@ class LayerRegistry:
 def default_registry() -> LayerRegistry:
     """A new registry with the stock rules and the exact generic fallback.
 
-    Rules: ``Dense``, ``Embedding``, the toolkit's ``DPEmbedding``,
+    Rules: ``Dense``, ``Embedding``, the toolkit's ``DPEmbedding`` (its own, :class:`CarriesClippingRule`),
     ``LayerNormalization``, ``EinsumDense`` (so ``MultiHeadAttention``),
     ``GRU`` and ``LSTM`` (:mod:`tfdp_sparse.clipping.recurrent`), ``Conv1D`` and
     ``TimeDistributed(Dense)``; any other layer holding only
@@ -110,11 +141,8 @@ def default_registry() -> LayerRegistry:
     """
     if is_keras_3():
         return keras_3_registry()
-    from tfdp_sparse.layers.embedding import DPEmbedding, dp_embedding_rule  # layers import clipping.taps
-
     return LayerRegistry({
         **_stock_rules(),
-        DPEmbedding: dp_embedding_rule,
         tf.keras.layers.Conv1D: conv1d.conv1d_rule,
         tf.keras.layers.TimeDistributed: time_distributed.time_distributed_rule,
     }, fallback=generic.generic_rule)
@@ -134,16 +162,14 @@ def _stock_rules() -> dict:
 
 def keras_3_registry() -> LayerRegistry:
     """The Keras 3 registry: ``Dense``, ``Embedding``, ``LayerNormalization``, ``EinsumDense``, ``GRU``, ``LSTM``,
-    the toolkit's ``DPEmbedding`` (one definition for both stacks), generic fallback.
+    the toolkit's ``DPEmbedding`` (its own rule; one definition for both stacks), generic fallback.
 
     With keras-rs installed, also ``keras_rs.layers.DistributedEmbedding``
     (:mod:`tfdp_sparse.clipping.keras_rs_embedding`, default-device tables).
     (``Conv1D`` and ``TimeDistributed`` have no Keras 3 rule yet; a ``Conv1D``
     still trains on Keras 3, through the exact fallback.)
     """
-    from tfdp_sparse.layers.embedding import DPEmbedding, dp_embedding_rule  # layers import clipping.taps
-
-    return LayerRegistry({**_stock_rules(), DPEmbedding: dp_embedding_rule, **_keras_rs_rules()},
+    return LayerRegistry({**_stock_rules(), **_keras_rs_rules()},
                          fallback=generic.generic_rule)
 
 

@@ -6,7 +6,7 @@ noise once per global step from one shared key) in :mod:`.mirrored`.
 
 Modules: :mod:`.cluster` (``--cluster`` parsing, loopback cluster),
 :mod:`.strategy` (strategy + coordinator, table partitioner),
-:mod:`.shards` (global -> shard row ids, the one split), :mod:`.optimizer`
+:mod:`tfdp_sparse.tables.shards` (global -> shard row ids, the one split), :mod:`.optimizer`
 (``ShardedDPOptimizer``, ``ServerNoiseDPSGD``), :mod:`.training`
 (coordinator loop with server-side step counter and Poisson batches),
 :mod:`.users` (the user level: data grouped by user, users by Poisson with

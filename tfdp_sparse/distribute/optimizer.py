@@ -4,7 +4,7 @@
 that (1) hands clipping and the mechanism each sharded table as one
 ``[V, d]`` variable with global row ids (Keras lists its shards), and (2)
 splits each table gradient into its shards right before the SGD update
-(:func:`tfdp_sparse.distribute.shards.split_gradient`), so an
+(:func:`tfdp_sparse.tables.shards.split_gradient`), so an
 ``IndexedSlices`` update ships only the touched rows to each server.
 
 :class:`ServerNoiseDPSGD` is DP-SGD (Abadi et al. 2016) whose table noise is
@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from tfdp_sparse.distribute.shards import is_sharded, logical_gradients, logical_variables, split_gradient
+from tfdp_sparse.tables.shards import is_sharded, logical_gradients, logical_variables, split_gradient
 from tfdp_sparse.layers.embedding import DPEmbedding
 from tfdp_sparse.step.optimizer import DPOptimizer
 from tfdp_sparse.mechanisms.base import NoisedGradients, StepGrads
@@ -193,7 +193,7 @@ class ShardedDPOptimizer(DPOptimizer):
 def sharded_tables(model: tf.Module) -> list:
     """Every ``ShardedVariable`` a model's layers hold as ``embeddings`` (each once).
 
-    (Here rather than in :mod:`tfdp_sparse.distribute.shards`, which the layer itself imports to read
+    (Here rather than in :mod:`tfdp_sparse.tables.shards`, which the layer itself imports to read
     sharded tables.)
     """
     found, seen = [], set()

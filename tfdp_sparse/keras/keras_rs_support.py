@@ -5,8 +5,8 @@ hands their clipped gradients to the mechanism like any other table's, so
 DP-SGD, EANA and DP-AdaFEST train them (``tests/keras3/test_keras_rs_embedding.py``).
 Mechanisms that bind a model's tables find keras-rs tables through
 :func:`hook_keras_rs_tables`, which gives each ``DistributedEmbedding`` read
-hooks for its default-device tables (:func:`tfdp_sparse.layers.read_hooks.hook_tables`;
-a table is named ``"<layer>_<table>"``, :func:`~tfdp_sparse.layers.read_hooks.hooked_table_name`):
+hooks for its default-device tables (:func:`tfdp_sparse.tables.read_hooks.hook_tables`;
+a table is named ``"<layer>_<table>"``, :func:`~tfdp_sparse.tables.read_hooks.hooked_table_name`):
 
 * LazyDP defers each row's noise and adds what the row owes when it is
   *read*. keras-rs reads its tables inside its own layer, so LazyDP's
@@ -38,7 +38,7 @@ import keras_rs
 import tensorflow as tf
 
 from tfdp_sparse.keras_stack import model_layers
-from tfdp_sparse.layers.read_hooks import HookedTables, hook_tables
+from tfdp_sparse.tables.read_hooks import HookedTables, hook_tables
 
 
 def keras_rs_layers(model) -> list:

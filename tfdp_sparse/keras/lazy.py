@@ -51,7 +51,7 @@ from typing import Iterable, Optional, Union
 
 import tensorflow as tf
 
-from tfdp_sparse.export import PendingNoiseError, ensure_no_pending_noise
+from tfdp_sparse.mechanisms.pending_noise import PendingNoiseError, ensure_no_pending_noise
 from tfdp_sparse.mechanisms.base import Mechanism
 from tfdp_sparse.mechanisms.binding import bound_mechanisms
 

@@ -21,14 +21,14 @@ pending noise) register a read hook with :meth:`DPEmbedding.add_read_hook`;
 it is called with the batch's unique ids while training and may return an
 op to wait for, or the rows it read itself (:class:`ShardRows`, sharded
 tables), or, registered with ``corrects=True``, a
-:class:`~tfdp_sparse.layers.read_hooks.RowCorrection` that a lookup subtracts
+:class:`~tfdp_sparse.tables.read_hooks.RowCorrection` that a lookup subtracts
 from the rows of its one gather and whose table write it builds after that
 gather (LazyDP: the rows less their owed noise; the gather does not wait for the
 write). Hooks registered
 with :meth:`DPEmbedding.add_inference_hook` run before reads outside
 training (``training`` falsy: evaluation, ``predict``, serving), e.g. to
 apply all pending noise before a model is evaluated or exported (the hooks
-live in a :class:`~tfdp_sparse.layers.read_hooks.ReadHooks`, which also serves
+live in a :class:`~tfdp_sparse.tables.read_hooks.ReadHooks`, which also serves
 layers that read their tables themselves, such as keras-rs ``DistributedEmbedding``). Dense reads
 of the whole table go through :meth:`DPEmbedding.read_table` (or
 :meth:`get_weights`, or :func:`flush_model_tables` for every table of a
@@ -59,27 +59,16 @@ from typing import Optional
 import tensorflow as tf
 
 from tfdp_sparse.clipping import taps
-from tfdp_sparse.distribute.shards import is_sharded, locate_rows
+from tfdp_sparse.clipping.registry import CarriesClippingRule
 from tfdp_sparse.keras_stack import as_tf_variable, is_keras_3, sublayers
-from tfdp_sparse.layers.read_hooks import ReadHook, ReadHooks, RowCorrection  # noqa: F401 (re-exported)
+from tfdp_sparse.tables.read_hooks import HookedLayer, ReadHooks, RowCorrection
+from tfdp_sparse.tables.shards import ShardRows, is_sharded, locate_rows
 from tfdp_sparse.xla import in_xla_context, unique_ids
 
 _COMBINERS = ("sum", "mean")
 
 
-@dataclasses.dataclass(frozen=True)
-class ShardRows:
-    """What a training read hook of a sharded table may return instead of an op: the rows, read by the hook.
-
-    ``parts[s]``: the rows of shard ``s`` at the local ids the hook was given, in their
-    order. LazyDP reads ``row - owed noise`` on each server while it writes the noise
-    there, so the read does not wait for the write (:mod:`tfdp_sparse.mechanisms.lazydp_sharded`).
-    """
-
-    parts: list
-
-
-class DPEmbedding(tf.keras.layers.Layer):
+class DPEmbedding(tf.keras.layers.Layer, HookedLayer, CarriesClippingRule):
     """Embedding table with single-id or pooled multi-id lookups.
 
     Args:
@@ -126,6 +115,11 @@ class DPEmbedding(tf.keras.layers.Layer):
         )
         super().build(input_shape)
 
+    @classmethod
+    def clipping_rule(cls):
+        """:func:`dp_embedding_rule` for exactly ``DPEmbedding`` (a subclass may change ``call``: the fallback)."""
+        return dp_embedding_rule if cls is DPEmbedding else None
+
     @property
     def table(self) -> tf.Variable:
         """The table's ``tf.Variable`` (or ``ShardedVariable``): ``embeddings`` itself on tf-keras, its ``.value`` on Keras 3.
@@ -133,23 +127,6 @@ class DPEmbedding(tf.keras.layers.Layer):
         Example: ``layer.table.sparse_read(ids)`` reads rows on either stack.
         """
         return as_tf_variable(self.embeddings)
-
-    def add_read_hook(self, hook: ReadHook, owner: Optional[object] = None, corrects: bool = False) -> None:
-        """Registers ``hook(table, unique_ids)`` to run before rows are read.
-
-        ``owner`` (e.g. the LazyDP mechanism whose hook it is) is remembered
-        weakly, so guards find it through :meth:`hook_owners`. ``corrects``: the hook
-        takes ``correct=True`` from :meth:`lookup` and may return a :class:`RowCorrection`.
-        """
-        self._read_hooks.add_read_hook(hook, owner, corrects=corrects)
-
-    def add_inference_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
-        """Registers ``hook(table, unique_ids)`` to run before reads outside training."""
-        self._read_hooks.add_inference_hook(hook, owner)
-
-    def hook_owners(self) -> list:
-        """The (live) owners of this layer's hooks, in registration order."""
-        return self._read_hooks.owners()
 
     def _hooks(self, training) -> list:
         return self._read_hooks.hooks(training)
@@ -322,7 +299,7 @@ class DPEmbedding(tf.keras.layers.Layer):
         """Rows ``[..., d]`` of ``ids`` from a sharded table: each unique valid row read once, in id order.
 
         The unique ids are split into shard-local ids once
-        (:func:`tfdp_sparse.distribute.shards.locate_rows`); the read hooks get the same
+        (:func:`tfdp_sparse.tables.shards.locate_rows`); the read hooks get the same
         tensors, so work they place on the servers reuses the ids the gathers send.
         Padding (``valid`` false) reads zeros. ``tf.gather`` on the ``ShardedVariable``
         itself would return rows in shard order, not id order.

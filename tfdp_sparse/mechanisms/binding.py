@@ -2,7 +2,7 @@
 
 A mechanism that hooks a model's layers (LazyDP's catch-up reads) registers
 its hooks with ``DPEmbedding.add_read_hook(hook, owner=mechanism)`` (or on the
-:class:`~tfdp_sparse.layers.read_hooks.ReadHooks` of a layer's hooked table); guards
+:class:`~tfdp_sparse.tables.read_hooks.ReadHooks` of a layer's hooked table); guards
 (export, the Keras callbacks) ask :func:`bound_mechanisms` for the
 mechanisms of a model and call their ``has_pending`` / ``pending_rows`` /
 ``flush`` hooks. The layers hold the owners (weakly); there is no
@@ -19,6 +19,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdp_sparse.keras_stack import sublayers
+from tfdp_sparse.tables.read_hooks import HookedLayer, hooked_tables_in
 
 
 def layers_of(model) -> list:
@@ -38,13 +39,10 @@ def bound_mechanisms(model) -> list:
     """The mechanisms whose hooks (``bind_model``) sit on ``model``'s embedding layers.
 
     Those of ``DPEmbedding`` layers and of layers reading hooked tables
-    themselves (:func:`tfdp_sparse.layers.read_hooks.hooked_tables_in`: keras-rs ``DistributedEmbedding``).
+    themselves (:func:`tfdp_sparse.tables.read_hooks.hooked_tables_in`: keras-rs ``DistributedEmbedding``).
     """
-    from tfdp_sparse.layers.embedding import DPEmbedding  # layers import no mechanism
-    from tfdp_sparse.layers.read_hooks import hooked_tables_in
-
     layers = layers_of(model)
-    owners = [mech for layer in layers if isinstance(layer, DPEmbedding) for mech in layer.hook_owners()]
+    owners = [mech for layer in layers if isinstance(layer, HookedLayer) for mech in layer.hook_owners()]
     owners += [mech for hooked in hooked_tables_in(layers) for mech in hooked.hooks.owners()]
     found: list = []
     for mech in owners:

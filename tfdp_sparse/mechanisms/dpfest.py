@@ -41,7 +41,7 @@ order the tables appear among the variables given to ``privatize`` (the
 call ``bind_model(model)`` first: it finds the embedding layers (any layer
 with an ``embeddings`` variable, e.g. ``DPEmbedding``) and the hooked tables
 of layers that read their tables themselves (keras-rs ``DistributedEmbedding``,
-hooked by the Keras 3 adapter: :mod:`tfdp_sparse.layers.read_hooks`), records
+hooked by the Keras 3 adapter: :mod:`tfdp_sparse.tables.read_hooks`), records
 their sizes and, with the ``feature_names`` knob (table names in feature
 order: the layer's name, ``"<layer>_<table>"`` for a hooked table), maps
 tables to features by name instead of position.

@@ -18,7 +18,7 @@ on the first step (or flush) after the kept sets exist. Everything else is
 LazyDP's machinery (except that a catch-up draws only for the read rows that
 owe noise, :meth:`KeptCatchUp.owing_rows`, since most rows a batch reads are
 outside the kept set): the read hooks on ``DPEmbedding`` and on hooked
-tables (keras-rs ``DistributedEmbedding``, :mod:`tfdp_sparse.layers.read_hooks`),
+tables (keras-rs ``DistributedEmbedding``, :mod:`tfdp_sparse.tables.read_hooks`),
 the inference-read flush, the SavedModel and export refusals
 (:func:`tfdp_sparse.export.ensure_no_pending_noise`), the Keras callbacks
 (:mod:`tfdp_sparse.keras.lazy`), the server-side catch-up on parameter
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdp_sparse.distribute.shards import is_sharded
+from tfdp_sparse.tables.shards import is_sharded
 from tfdp_sparse.mechanisms.adafest_plus import to_domain_positions
 from tfdp_sparse.mechanisms.base import Noise, StepGrads
 from tfdp_sparse.mechanisms.sparse_rows import sum_duplicates

@@ -77,7 +77,7 @@ Requirements (checked, with errors that say why): plain SGD (momentum 0: a
 velocity would move untouched rows by amounts deferred noise cannot
 reproduce), a fixed ``expected_batch_size`` (the deferred noise is scaled by
 ``1/B`` without seeing the batch), tables read through ``DPEmbedding`` or
-through a layer whose tables have read hooks (:mod:`tfdp_sparse.layers.read_hooks`:
+through a layer whose tables have read hooks (:mod:`tfdp_sparse.tables.read_hooks`:
 keras-rs ``DistributedEmbedding``, hooked by the Keras 3 adapter)
 (a plain ``tf.keras.layers.Embedding`` cannot be caught up before it is
 read: refused, or given dense DP-SGD noise with ``dense_fallback=True``).
@@ -106,7 +106,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdp_sparse.distribute.shards import is_sharded
+from tfdp_sparse.tables.shards import is_sharded
 from tfdp_sparse.mechanisms.base import Mechanism, Noise, NoisedGradients, StepGrads
 from tfdp_sparse.mechanisms.sparse_rows import Gradient, sum_duplicates, unique_row_values
 from tfdp_sparse.mechanisms.binding import bound_mechanisms  # noqa: F401 (re-exported)

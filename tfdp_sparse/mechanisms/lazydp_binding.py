@@ -6,7 +6,7 @@ expected batch size) and records that batch size (the scale of the
 deferred noise; the step and the learning rates come from each step's
 :class:`~tfdp_sparse.mechanisms.step_context.StepContext`, never from the
 optimizer); :meth:`TableBinding.bind_model` creates one int32 history per ``DPEmbedding`` table (and per
-hooked table of a layer that reads its tables itself, :mod:`tfdp_sparse.layers.read_hooks`:
+hooked table of a layer that reads its tables itself, :mod:`tfdp_sparse.tables.read_hooks`:
 keras-rs ``DistributedEmbedding``) and registers the catch-up read hooks (:mod:`.lazydp_catchup`).
 
 Example::
@@ -28,6 +28,7 @@ from tfdp_sparse.mechanisms.lazydp_sharded import ShardedTables
 from tfdp_sparse.mechanisms.lazydp_state import LazyState
 from tfdp_sparse.mechanisms.tables import is_trainable, variable_device
 from tfdp_sparse.optimizers.rules import TableSGD
+from tfdp_sparse.tables.read_hooks import HookedLayer, hooked_tables_in
 
 
 def _check_table_optimizer(optimizer) -> None:
@@ -144,7 +145,7 @@ class TableBinding:
         """Registers read hooks on every ``DPEmbedding`` of a built ``model``, and on its hooked tables.
 
         Hooked tables: the tables of layers that gather rows themselves and
-        were given read hooks with :func:`tfdp_sparse.layers.read_hooks.hook_tables`
+        were given read hooks with :func:`tfdp_sparse.tables.read_hooks.hook_tables`
         (keras-rs ``DistributedEmbedding``: ``make_private`` hooks them, or
         :func:`tfdp_sparse.keras.keras_rs_support.hook_keras_rs_tables`); their
         layer's rule runs the hooks before it gathers.
@@ -155,9 +156,6 @@ class TableBinding:
         ``dense_fallback`` is set, for an unbuilt ``DPEmbedding``, and for a
         model compiled with an optimizer other than this mechanism's SGD.
         """
-        from tfdp_sparse.layers.embedding import DPEmbedding  # layers import clipping only
-        from tfdp_sparse.layers.read_hooks import hooked_tables_in
-
         layers = binding.layers_of(model)
         if not layers:
             raise TypeError(f"bind_model needs a Keras model or layer, got {type(model).__name__}")
@@ -174,7 +172,7 @@ class TableBinding:
             found = True
             self._bind_table(hooked.table, hooked.name, hooked.layer.trainable, hooked.hooks)
         for layer in layers:
-            if isinstance(layer, DPEmbedding):
+            if isinstance(layer, HookedLayer):  # DPEmbedding
                 found = True
                 self._bind_layer(layer)
             elif isinstance(layer, tf.keras.layers.Embedding) and not self.is_bound(layer.embeddings):

@@ -24,16 +24,16 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Optional
 
 import tensorflow as tf
 
-from tfdp_sparse.distribute.shards import is_sharded, split_ids
-from tfdp_sparse.layers.read_hooks import RowCorrection
+from tfdp_sparse.tables.shards import is_sharded, split_ids
+from tfdp_sparse.tables.read_hooks import RowCorrection
 from tfdp_sparse.mechanisms.lazydp_replicas import replica_catch_up, replica_catch_up_needed
 from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, ShardedTables, history_rows, owed_std
 from tfdp_sparse.mechanisms.lazydp_state import LazyState, NoiseSettings
+from tfdp_sparse.mechanisms.pending_noise import PendingNoiseError
 from tfdp_sparse.xla import fill_empty, in_xla_context
 
 try:  # private, stable across TF 2.x: tells SavedModel tracing apart from training
@@ -59,20 +59,15 @@ def _in_save_context() -> bool:
     return bool(_save_context is not None and _save_context.in_save_context())
 
 
-@functools.lru_cache(maxsize=None)
-def _export_error_type() -> type:
-    """A :class:`tfdp_sparse.export.PendingNoiseError` that keeps its type when raised while tracing.
+class ExportWithPendingNoiseError(PendingNoiseError):
+    """A :class:`~tfdp_sparse.mechanisms.pending_noise.PendingNoiseError` that keeps its type when raised while tracing.
 
     Autograph re-raises errors from traced code as their own type only when
     the constructor is ``Exception.__init__``; otherwise they surface as
     ``StagingError``.
     """
-    from tfdp_sparse.export import PendingNoiseError  # leaf module (imports TensorFlow only)
 
-    class ExportWithPendingNoiseError(PendingNoiseError):
-        __init__ = Exception.__init__
-
-    return ExportWithPendingNoiseError
+    __init__ = Exception.__init__
 
 
 def _record_rate(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
@@ -202,7 +197,7 @@ class CatchUp:
         with tf.init_scope():
             pending = bool(self.table_pending(i).numpy())
         if pending:
-            raise _export_error_type()(
+            raise ExportWithPendingNoiseError(
                 f"refusing to trace table {self.state.tables.names[i]!r} for a SavedModel: LazyDP has pending noise "
                 "on its rows (exporting it would reveal which rows were never touched); call "
                 "mechanism.flush() first (or tfdp_sparse.keras.lazy.ensure_flushed)"
@@ -226,7 +221,7 @@ class CatchUp:
         return i if self.state.knows_batch() else None
 
     #: The catch-up draws for every row it is given (:meth:`owing_rows`), so its noise can be returned to
-    #: the read as a :class:`~tfdp_sparse.layers.read_hooks.RowCorrection` (lazy DP-FEST draws for some only).
+    #: the read as a :class:`~tfdp_sparse.tables.read_hooks.RowCorrection` (lazy DP-FEST draws for some only).
     corrects_reads = True
 
     @_no_autograph
@@ -235,7 +230,7 @@ class CatchUp:
 
         ``shard_ids``: a sharded table's read passes its shard-local ids (:mod:`.lazydp_sharded`).
         ``correct`` (``DPEmbedding``'s lookups, hooks registered with ``corrects=True``): returns the
-        owed noise as a :class:`~tfdp_sparse.layers.read_hooks.RowCorrection` whose write the layer
+        owed noise as a :class:`~tfdp_sparse.tables.read_hooks.RowCorrection` whose write the layer
         builds after its gather: the layer reads the rows less their noise from that one gather,
         and the gather does not wait for the write (as on parameter servers, :mod:`.lazydp_sharded`).
         """

@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfdp_sparse.distribute.shards import ShardedVariable, is_sharded
-from tfdp_sparse.layers.embedding import ShardRows
+from tfdp_sparse.tables.shards import ShardedVariable, is_sharded
+from tfdp_sparse.tables.shards import ShardRows
 from tfdp_sparse.mechanisms.lazydp_state import LazyState, NoiseSettings
 from tfdp_sparse.tables import variable_device
 

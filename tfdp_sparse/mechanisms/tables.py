@@ -2,9 +2,9 @@
 
 :func:`embedding_tables` (what DP-FEST's selection binds) also lists the
 hooked tables of layers that read their tables themselves
-(:func:`tfdp_sparse.layers.read_hooks.hook_tables`: keras-rs
+(:func:`tfdp_sparse.tables.read_hooks.hook_tables`: keras-rs
 ``DistributedEmbedding``, hooked by the Keras 3 adapter), named as
-:func:`~tfdp_sparse.layers.read_hooks.hooked_table_name` says.
+:func:`~tfdp_sparse.tables.read_hooks.hooked_table_name` says.
 
 Example::
 
@@ -20,13 +20,14 @@ from tfdp_sparse.mechanisms.plans.base import TableInfo
 from tfdp_sparse.keras_stack import tf_variables
 from tfdp_sparse.mechanisms.binding import layers_of
 from tfdp_sparse.tables import is_trainable, table_parts, table_refs, variable_device, variable_key  # noqa: F401
+from tfdp_sparse.tables.read_hooks import hooked_tables_in
 
 
 def embedding_tables(model) -> list[tuple[tf.Variable, str]]:
     """``(table variable, name)`` of a model's embedding layers and trainable hooked tables, in variable order.
 
     An embedding layer's table is named by its layer; a hooked table by
-    :func:`~tfdp_sparse.layers.read_hooks.hooked_table_name` (``"rs_t1"``).
+    :func:`~tfdp_sparse.tables.read_hooks.hooked_table_name` (``"rs_t1"``).
     """
     order = {variable_key(v): i for i, v in enumerate(tf_variables(model.trainable_variables))}
 
@@ -41,8 +42,6 @@ def embedding_tables(model) -> list[tuple[tf.Variable, str]]:
 
 def _hooked_tables(model, trainable: dict) -> list[tuple[tf.Variable, str]]:
     """``(table, hooked_table_name)`` of the hooked tables below ``model`` whose keys are in ``trainable``."""
-    from tfdp_sparse.layers.read_hooks import hooked_tables_in  # layers import no mechanism
-
     return [(t.table, t.name) for t in hooked_tables_in(layers_of(model)) if variable_key(t.table) in trainable]
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from tfdp_sparse.distribute.shards import is_sharded, split_gradient
+from tfdp_sparse.tables.shards import is_sharded, split_gradient
 from tfdp_sparse.layers.embedding import DPEmbedding
 
 from .helpers import build_model, table_of

@@ -20,10 +20,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfdp_sparse.keras_stack import as_tf_variable, sublayers, tf_variables
-
-
-def _is_sharded(variable) -> bool:
-    return isinstance(variable, tf.__internal__.distribute.ShardedVariable)
+from tfdp_sparse.tables.shards import is_sharded
 
 
 def variable_key(variable) -> object:
@@ -31,14 +28,14 @@ def variable_key(variable) -> object:
 
     Example: ``variable_key(v) == v.ref()`` for a ``tf.Variable``.
     """
-    if _is_sharded(variable):
+    if is_sharded(variable):
         return tuple(shard.ref() for shard in variable.variables)
     return variable.ref()
 
 
 def table_parts(variable) -> list:
     """The variables a gradient tape sees for a table: its shards, or the table itself."""
-    return list(variable.variables) if _is_sharded(variable) else [variable]
+    return list(variable.variables) if is_sharded(variable) else [variable]
 
 
 def variable_device(variable) -> str:

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence, Union
 
 import numpy as np
@@ -24,6 +25,18 @@ import tensorflow as tf
 
 ShardedVariable = tf.__internal__.distribute.ShardedVariable
 Gradient = Union[tf.Tensor, tf.IndexedSlices, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardRows:
+    """What a training read hook of a sharded table may return instead of an op: the rows, read by the hook.
+
+    ``parts[s]``: the rows of shard ``s`` at the local ids the hook was given, in their
+    order. LazyDP reads ``row - owed noise`` on each server while it writes the noise
+    there, so the read does not wait for the write (:mod:`tfdp_sparse.mechanisms.lazydp_sharded`).
+    """
+
+    parts: list
 
 
 def is_sharded(variable) -> bool:

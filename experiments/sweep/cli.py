@@ -44,10 +44,10 @@ trainer's defaults (table lr 5, dense Adam 0.001).
 
 Examples::
 
-    python -m trainers.sweep                          # default grid, a few minutes on 2 cores
-    python -m trainers.sweep --scale=4 --output_dir=out/sweep4
-    python -m trainers.sweep --tune                   # small lr/clip search first (on DP-SGD)
-    python -m trainers.sweep --algorithms=dpsgd,adafest --adafest_grid=5:1,10:3
+    python -m experiments.sweep                          # default grid, a few minutes on 2 cores
+    python -m experiments.sweep --scale=4 --output_dir=out/sweep4
+    python -m experiments.sweep --tune                   # small lr/clip search first (on DP-SGD)
+    python -m experiments.sweep --algorithms=dpsgd,adafest --adafest_grid=5:1,10:3
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from typing import Optional, Sequence
 
 from absl import flags
 
-from experiments.sweep import (  # noqa: F401 (re-exported: `from trainers import sweep` keeps working)
+from experiments.sweep import (  # noqa: F401 (re-exported: tests and the frontier CLI use this module)
     LABELS,
     PUBLIC_SAMPLE_SEED,
     SWEEP_ALGORITHMS,
@@ -87,7 +87,7 @@ from trainers import summary
 
 # ----------------------------------------------------------------------------
 # Command line: flags -> SweepConfig -> experiments.sweep.run_sweep. The sweep itself lives in
-# experiments/sweep/ (grid, data, run, report, plot); this module is its absl entry point.
+# experiments/sweep/ (grid, data, run, report, plot); this module is its absl entry point (`python -m experiments.sweep`).
 
 _D = SweepConfig()
 
@@ -154,12 +154,13 @@ def define_grid_flags(fv: flags.FlagValues, defaults: SweepConfig) -> None:
 
 def grids_from_flags(fv: flags.FlagValues) -> dict:
     """``SweepConfig`` fields of the flags of :func:`define_grid_flags`."""
-    return dict(k_grid=tuple(int(k) for k in _floats(fv.k_grid, "k_grid")),
+    return dict(k_grid=tuple(int(k) for k in float_list(fv.k_grid, "k_grid")),
                 adafest_grid=_tuples(fv.adafest_grid, "adafest_grid", 2),
                 adafest_plus_grid=_tuples(fv.adafest_plus_grid, "adafest_plus_grid", 3))
 
 
-def _floats(values, name: str) -> tuple:
+def float_list(values, name: str) -> tuple:
+    """``values`` (a list flag) as floats; a clear error names the flag. Example: ``float_list(["1", "2.5"], "k") == (1.0, 2.5)``."""
     try:
         return tuple(float(v) for v in values)
     except ValueError:
@@ -195,7 +196,7 @@ def config_from_flags(fv: flags.FlagValues) -> tuple[SweepConfig, Optional[dict]
         hidden=tuple(int(h) for h in fv.hidden),
         batch_size=fv.batch_size,
         steps=fv.steps,
-        seeds=tuple(int(x) for x in _floats(fv.seeds, "seeds")),
+        seeds=tuple(int(x) for x in float_list(fv.seeds, "seeds")),
         target_epsilon=fv.target_epsilon,
         delta=fv.delta,
         accountant=fv.accountant,
@@ -216,9 +217,9 @@ def config_from_flags(fv: flags.FlagValues) -> tuple[SweepConfig, Optional[dict]
     ).scaled(fv.scale)
     grid = None
     if fv.tune:
-        grid = dict(learning_rates=_floats(fv.tune_learning_rates, "tune_learning_rates"),
-                    clips=_floats(fv.tune_clips, "tune_clips"),
-                    dense_learning_rates=_floats(fv.tune_dense_learning_rates, "tune_dense_learning_rates"),
+        grid = dict(learning_rates=float_list(fv.tune_learning_rates, "tune_learning_rates"),
+                    clips=float_list(fv.tune_clips, "tune_clips"),
+                    dense_learning_rates=float_list(fv.tune_dense_learning_rates, "tune_dense_learning_rates"),
                     algorithm=fv.tune_algorithm)
     return config.validate(), grid
 
@@ -234,7 +235,7 @@ def parse_flags(argv: Sequence[str]) -> flags.FlagValues:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m trainers.sweep [--flags]``: runs the sweep; returns the exit code."""
+    """``python -m experiments.sweep [--flags]``: runs the sweep; returns the exit code."""
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("--help", "-h", "--helpfull") for a in argv[1:]):
         fv = flags.FlagValues()

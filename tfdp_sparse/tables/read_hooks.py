@@ -13,7 +13,9 @@ noise) registers two hooks per table, each ``hook(table, unique_ids)``:
 
 :class:`ReadHooks` holds one table's hooks and their owners (weakly: a table
 never keeps a mechanism alive; guards find the mechanisms through
-:meth:`ReadHooks.owners`). :class:`tfdp_sparse.layers.DPEmbedding` holds one.
+:meth:`ReadHooks.owners`). A layer that reads one table through hooks of its own is a
+:class:`HookedLayer` (:class:`tfdp_sparse.layers.DPEmbedding`): mechanisms bind to that type, so they
+need not import the layers.
 
 A layer that gathers rows of its tables itself, with no hook of its own
 (keras-rs ``DistributedEmbedding``), gets a :class:`HookedTables`, one
@@ -116,7 +118,7 @@ class ReadHooks:
         """Runs the read (``training``) or inference hooks for ``unique_ids``; returns what they returned.
 
         ``shard_ids`` (sharded tables, training reads) is passed on to hooks
-        that work on the servers (:class:`tfdp_sparse.layers.embedding.ShardRows`).
+        that work on the servers (:class:`tfdp_sparse.tables.shards.ShardRows`).
         ``correct`` (training reads of a reader that applies :class:`RowCorrection`): passed on to
         the hooks registered with ``corrects=True``, which may return one.
         """
@@ -133,6 +135,47 @@ class ReadHooks:
             if result is not None:
                 out.append(result)
         return out
+
+
+class HookedLayer:
+    """A layer that reads its one table through read hooks of its own (the toolkit's ``DPEmbedding``).
+
+    The type by which mechanisms find such layers (LazyDP's ``bind_model``, the
+    pending-noise guards) without importing the layers package. A subclass sets
+    ``self._read_hooks = ReadHooks()`` in its constructor, defines :attr:`table`, and
+    runs ``self._read_hooks`` before each gather (a training read with
+    ``training=True``, any other read with ``training=False``).
+
+    Example::
+
+        class MyTable(tf.keras.layers.Layer, HookedLayer): ...
+        layer.add_read_hook(mech.catch_up, owner=mech)
+        layer.hook_owners()          # [mech]
+    """
+
+    _read_hooks: ReadHooks
+
+    @property
+    def table(self) -> tf.Variable:
+        """The table's ``tf.Variable`` (or ``ShardedVariable``)."""
+        raise NotImplementedError
+
+    def add_read_hook(self, hook: ReadHook, owner: Optional[object] = None, corrects: bool = False) -> None:
+        """Registers ``hook(table, unique_ids)`` to run before rows are read (:meth:`ReadHooks.add_read_hook`).
+
+        ``owner`` (e.g. the LazyDP mechanism whose hook it is) is remembered
+        weakly, so guards find it through :meth:`hook_owners`. ``corrects``: the hook
+        takes ``correct=True`` from the layer's lookups and may return a :class:`RowCorrection`.
+        """
+        self._read_hooks.add_read_hook(hook, owner, corrects=corrects)
+
+    def add_inference_hook(self, hook: ReadHook, owner: Optional[object] = None) -> None:
+        """Registers ``hook(table, unique_ids)`` to run before reads outside training."""
+        self._read_hooks.add_inference_hook(hook, owner)
+
+    def hook_owners(self) -> list:
+        """The (live) owners of this layer's hooks, in registration order."""
+        return self._read_hooks.owners()
 
 
 class HookedTables:

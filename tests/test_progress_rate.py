@@ -62,3 +62,24 @@ def test_a_bad_training_metrics_setting_is_refused():
 
     with pytest.raises(ValueError, match="training_metrics must be one of"):
         loop_lib.LoopConfig(batch_size=8, steps=1, learning_rate=1.0, training_metrics="noised")
+
+
+def test_the_progress_line_shows_epsilon_only_where_it_is_a_guarantee(caplog):
+    """As fit's epoch logs (NaN): a run marked not private prints no ε figure beside its step count."""
+    import dp_accounting
+
+    from tfdp_sparse.accounting.ledger import PrivacyLedger
+    from tfdp_sparse.accounting.step_accounting import StepAccounting
+    from tfdp_sparse.noise_source import NoiseSource
+    from tfdp_sparse.run import RunBudget
+    from trainers.lib.config import LoopConfig
+    from trainers.lib.steps import _progress
+
+    caplog.set_level(logging.INFO, logger="tfdp_sparse.train")
+    budget = RunBudget(PrivacyLedger(), StepAccounting(dp_accounting.GaussianDpEvent(30.0), None, 1e-5, "rdp"))
+    budget.record_to(10)
+    _progress(10, 0, 10, 0.5, 100.0, 1.0, budget, LoopConfig(batch_size=8, steps=10, learning_rate=1.0), None)
+    budget.mark_voids(NoiseSource.reproducible(3), shuffled=False)
+    _progress(10, 0, 10, 0.5, 100.0, 1.0, budget, LoopConfig(batch_size=8, steps=10, learning_rate=1.0), None)
+    private, void = [r.getMessage() for r in caplog.records if r.name == "tfdp_sparse.train"]
+    assert re.search(r" epsilon=\d", private) and void.endswith(" epsilon=n/a (not private)")

@@ -81,3 +81,15 @@ def test_one_stop_text_and_the_void_marks_of_every_driver():
         "delta=1e-05 (noise_multiplier=1.1, accountant=rdp)")
     budget.mark_voids(NoiseSource.reproducible(3), shuffled=True)
     assert len(budget.ledger.void_reasons) == 2 and "noise_seed=3" in budget.ledger.void_reasons[0]
+
+
+def test_progress_shows_epsilon_only_where_it_is_a_guarantee():
+    """One rule for fit's epoch logs and the trainers' progress lines and TensorBoard: no figure for a void run."""
+    budget = RunBudget(PrivacyLedger(), STEP, None)
+    budget.record_to(3)
+    assert budget.guaranteed_epsilon() == budget.epsilon() > 0
+    budget.mark_voids(NoiseSource.reproducible(3), shuffled=False)
+    assert budget.guaranteed_epsilon() is None and budget.epsilon() > 0  # the report still gives the number
+    not_private = RunBudget(PrivacyLedger(), STEP, None)
+    not_private.ledger.record_not_private("in-batch negatives: no bound on one example's gradient")
+    assert not_private.guaranteed_epsilon() is None

@@ -9,6 +9,7 @@ private, and a resume with another σ charged every past step at the new σ.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -70,6 +71,16 @@ def test_fit_and_the_trainer_write_one_format(tmp_path):
     assert records[0]["settings"]["algorithm"] == records[1]["settings"]["algorithm"] == "dpsgd"
     keys = [{name.split("/")[0] for name, _ in tf.train.list_variables(p)} for p in (fit_state, trainer_state)]
     assert {"mechanism", "ledger", "privacy", "optimizer"} <= keys[0] & keys[1]
+
+
+def test_fits_state_file_holds_the_ledger_once(tmp_path):
+    """The privacy state's ledger variable is the format's ``ledger``: one copy in the file, the one restored."""
+    state = private_state_path(_saved(tmp_path))
+    reader = tf.train.load_checkpoint(state)
+    values = {name: np.asarray(reader.get_tensor(name)) for name, _ in tf.train.list_variables(state)}
+    ledgers = [name for name, v in values.items() if v.dtype.kind in "OS" and b'"entries"' in v.item()]
+    assert ledgers == ["ledger/.ATTRIBUTES/VARIABLE_VALUE"]
+    assert read_saved_run(state).ledger.steps == 8
 
 
 def test_a_checkpoint_of_the_whole_private_model_continues_its_ledger(tmp_path):

@@ -165,7 +165,7 @@ class PrivacyCallback(tf.keras.callbacks.Callback):
         sync_ledger(self.state, self.budget)
         if logs is not None:
             # ε only where it holds: a void run (fixed-size tf.data batches, reproducible noise) shows NaN.
-            epsilon = None if self.ledger.void_reasons else self.budget.epsilon()
+            epsilon = self.budget.guaranteed_epsilon()
             logs["epsilon"] = float("nan") if epsilon is None else epsilon
             logs["delta"] = self.budget.delta
         self._check_batch_size()

@@ -376,7 +376,7 @@ class PrivateModel(tf.keras.Model):
     def _private_state(self) -> RunState:
         """The run's state in the one checkpoint format, with the objects Keras' weights file lacks."""
         return RunState(self.mechanism, json.loads(self._identity_json), self._noise_multiplier,
-                        **self._state_objects())
+                        ledger=self.privacy_state.ledger_json, **self._state_objects())
 
     def _state_objects(self) -> dict:
         """What the private state holds beside the mechanism and the ledger: the step counter and the optimizer."""

@@ -109,8 +109,23 @@ class RunBudget:
         self.ledger, self.certified_steps = ledger, None
 
     def epsilon(self) -> Optional[float]:
-        """ε spent so far at the run's δ, or ``None`` when the run has no guarantee."""
+        """ε spent so far at the run's δ, or ``None`` when the run has no accountant (EANA, non-private)."""
         return self.step.epsilon(self.ledger)
+
+    def guaranteed_epsilon(self) -> Optional[float]:
+        """:meth:`epsilon` where it is a guarantee: ``None`` once the ledger holds a not-private reason.
+
+        What both loops' progress shows (``fit``'s epoch logs, as NaN there; the
+        trainers' progress lines and TensorBoard): a number beside a step count
+        reads as a guarantee. The reports (``report()``, the JSON line) give
+        :meth:`epsilon` with ``private`` and the reasons beside it.
+
+        Example: after ``mark_voids(NoiseSource(seed=3), shuffled=False)``, ``guaranteed_epsilon()`` is ``None``
+        while ``epsilon()`` is still the ledger's ε.
+        """
+        if self.ledger.void_reasons or not self.ledger.is_private:
+            return None
+        return self.epsilon()
 
     def allowed_steps(self, planned: Optional[int] = None) -> Optional[int]:
         """The total steps (done and to come) the target allows, at most ``ledger.steps + planned``.

@@ -146,10 +146,13 @@ def _lazy_run_without_step_record(mechanism: Mechanism, path: str) -> bool:
 class RunState:
     """The objects of one run's checkpoint under this format's keys (see module doc)."""
 
-    def __init__(self, mechanism: Mechanism, identity: dict, noise_multiplier: Optional[float], **objects):
+    def __init__(self, mechanism: Mechanism, identity: dict, noise_multiplier: Optional[float],
+                 ledger: Optional[tf.Variable] = None, **objects):
+        """``ledger``: the string variable that holds the ledger's JSON, when the loop keeps one already
+        (``fit``'s privacy state: written once, under this format's key); else the state makes its own."""
         record = {"format": RUN_FORMAT, "settings": identity, "noise_multiplier": noise_multiplier}
         self.mechanism = mechanism
-        self._ledger = tf.Variable("", dtype=tf.string, trainable=False)
+        self._ledger = ledger if ledger is not None else tf.Variable("", dtype=tf.string, trainable=False)
         self._record = tf.Variable(json.dumps(record, sort_keys=True), dtype=tf.string, trainable=False)
         self.checkpoint = tf.train.Checkpoint(mechanism=mechanism, ledger=self._ledger, privacy=self._record,
                                               **objects)

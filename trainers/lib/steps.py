@@ -176,16 +176,17 @@ def _progress(done: int, start: int, planned: int, loss: float, rate: float, ela
     ``rate`` is :attr:`StepStats.examples_per_sec` so far (the JSON line's
     ``examples_per_sec`` at the last step); the ETA uses the wall-clock
     ``elapsed`` since the first step, e.g.
-    ``step 20/20 5909 examples/s eta 0s epsilon=1.234``; the training loss
+    ``step 20/20 5909 examples/s eta 0s epsilon=1.234`` (``epsilon=n/a (not private)`` once the ledger
+    holds a not-private reason, :meth:`~tfdp_sparse.run.budget.RunBudget.guaranteed_epsilon`); the training loss
     (``loss=0.6931`` after the step count) only for a non-private run or with
     ``LoopConfig.training_metrics="raw"`` (labelled in ``outside_guarantee``).
     """
     eta = (planned - done) * elapsed / max(done - start, 1)
-    spent = None  # a PLD epsilon is slow: at progress points only
+    spent, eps_text = None, ""  # a PLD epsilon is slow: at progress points only
     due = done == planned or done % (loop.log_every * 10) == 0 or board is not None
     if budget.step.event is not None and due:
-        spent = budget.epsilon()
-    eps_text = "" if spent is None else f" epsilon={spent:.4g}"
+        spent = budget.guaranteed_epsilon()  # as fit's epoch logs: no figure for a run marked not private
+        eps_text = " epsilon=n/a (not private)" if spent is None else f" epsilon={spent:.4g}"
     loss_text = f" loss={loss:.4f}" if budget.step.event is None or loop.training_metrics == "raw" else ""
     log.info("step %d/%d%s %.0f examples/s eta %.0fs%s", done, planned, loss_text, rate, eta, eps_text)
     _flush_board(board, done, spent)

@@ -28,7 +28,7 @@ from tfdp_sparse.config import PrivacyConfig
 from tfdp_sparse.keras import DPOptimizer, PrivateStep, make_private
 from tfdp_sparse.layers import DPEmbedding
 from tfdp_sparse.mechanisms import DPFEST, LazyDP
-from tfdp_sparse.mechanisms.lazydp_catchup import _record_rate
+from tfdp_sparse.mechanisms.lazydp_rates import record_rate
 from tfdp_sparse.xla import unique_ids
 
 SIGMA, CLIP, BATCH, STEPS, VOCAB, DIM = 1.5, 2.0, 8, 6, 1200, 8
@@ -160,7 +160,7 @@ def test_reserve_steps_grows_the_rate_record_and_a_compiled_step_past_it_fails_c
     with pytest.raises(ValueError, match=">= 0"):
         mech.reserve_steps(-1)
     cum = tf.Variable(tf.zeros([3], tf.float64), shape=tf.TensorShape([None]))
-    record = tf.function(lambda step: _record_rate(cum, tf.constant(0.5, tf.float64), step), jit_compile=True)
+    record = tf.function(lambda step: record_rate(cum, tf.constant(0.5, tf.float64), step), jit_compile=True)
     record(tf.constant(1))
     record(tf.constant(2))
     np.testing.assert_allclose(cum.numpy(), [0.0, 0.25, 0.5])

@@ -32,6 +32,7 @@ from tfdp_sparse.tables.shards import is_sharded, split_ids
 from tfdp_sparse.tables.read_hooks import RowCorrection
 from tfdp_sparse.mechanisms.lazydp_replicas import replica_catch_up, replica_catch_up_needed
 from tfdp_sparse.mechanisms.lazydp_sharded import NEVER_OWES, ShardedTables, history_rows, owed_std
+from tfdp_sparse.mechanisms.lazydp_rates import record_rate
 from tfdp_sparse.mechanisms.lazydp_state import LazyState, NoiseSettings
 from tfdp_sparse.mechanisms.pending_noise import PendingNoiseError
 from tfdp_sparse.xla import fill_empty, in_xla_context
@@ -68,53 +69,6 @@ class ExportWithPendingNoiseError(PendingNoiseError):
     """
 
     __init__ = Exception.__init__
-
-
-def _record_rate(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
-    """``cum[step] = cum[step - 1] + lr^2``, doubling ``cum`` first when it is full.
-
-    A fixed-length ``cum`` (a cluster's, :func:`tfdp_sparse.distribute.strategy.fixed_shape_variables`)
-    is written on its own server without a branch (a ``tf.cond`` there costs round trips every step) and
-    refuses a step past its capacity.
-    """
-    if in_xla_context() and not cum.shape.is_fully_defined():
-        return _record_rate_compiled(cum, lr, step)
-    if cum.shape.is_fully_defined():
-        capacity = int(cum.shape[0])
-        ready = tf.debugging.assert_less(
-            step, capacity, message=f"LazyDP's learning-rate history holds {capacity - 1} steps (fixed length on a "
-                                    "cluster: create the mechanism under fixed_shape_variables(capacity) with more "
-                                    "room)")
-        device = cum.device
-    else:
-        size = tf.shape(cum)[0]
-
-        def grow():
-            new_size = tf.maximum(2 * size, step + 1)
-            cum.assign(tf.concat([cum, tf.zeros([new_size - size], tf.float64)], axis=0))
-            return tf.constant(True)
-
-        ready = tf.cond(step >= size, grow, lambda: tf.constant(False))
-        device = None
-    with tf.control_dependencies([ready]), tf.device(device):
-        total = tf.gather(cum, step - 1) + lr * lr
-        return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(step, [1])))
-
-
-def _record_rate_compiled(cum: tf.Variable, lr: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
-    """:func:`_record_rate` in a step compiled by XLA, which cannot grow ``cum``: fails closed when it is full.
-
-    The drivers reserve room before compiled steps (:meth:`CatchUp.reserve_steps`). A step past the
-    room (a loop of the user's that did not reserve) writes NaN as the last rate sum: every later
-    catch-up draws NaN noise, so the tables become NaN. A model ruined that way reveals nothing; a
-    clamped or dropped write would have under-noised rows silently. (XLA drops ``tf.debugging``
-    assertions, so no in-graph check could stop the step.)
-    """
-    size = tf.shape(cum)[0]
-    total = tf.where(step < size, tf.gather(cum, tf.minimum(step, size) - 1) + lr * lr,
-                     tf.constant(float("nan"), tf.float64))
-    index = tf.minimum(step, size - 1)
-    return cum.scatter_update(tf.IndexedSlices(tf.reshape(total, [1]), tf.reshape(index, [1])))
 
 
 #: Why a step is refused when the mechanism's step record and the optimizer's step disagree.
@@ -162,7 +116,7 @@ class CatchUp:
         float64) from its server to the worker at every step.
         """
         lr = tf.cast(learning_rate, tf.float64)
-        written = [_record_rate(cum, lr, step) for cum in self.state.rate_records()]
+        written = [record_rate(cum, lr, step) for cum in self.state.rate_records()]
         # On a cluster (copies on the servers) the join sits beside the step record written after it.
         beside = tf.device(self.state.completed_steps.device) if self.state.rate_copies else contextlib.nullcontext()
         with tf.control_dependencies(written), beside:

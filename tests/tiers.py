@@ -452,6 +452,13 @@ FULL_ONLY: dict[str, Moved] = {
         ("tests/test_dual_encoder.py::test_in_batch_run_is_recorded_not_private_and_refuses_a_budget",
          "tests/test_sensitivity_negatives.py::test_in_batch_negatives_exceed_c"),
         "9 s; the in-batch run's not-private record and its unbounded sensitivity stay fast"),
+    # -- third cut (stop 42: the fresh-clone fast tier took 14.3 min on a slow day) -------------------
+    "tests/test_run_checkpoint.py::test_fit_and_the_trainer_write_one_format": Moved(
+        ("tests/test_run_checkpoint.py::test_a_resumed_fit_continues_the_saved_ledger",
+         "tests/test_run_checkpoint.py::test_fits_state_file_holds_the_ledger_once",
+         "tests/test_train_pctr_resume.py::test_resume_continues_steps_epsilon_and_weights_exactly"),
+        "a fit and a trainer run (17 s); fit's file is read as the format (its record, the ledger once) and the "
+        "trainer's resume reads the same format"),
     # -- once marked slow (run by neither tier before: now by make test-all) ---------------------
     "tests/test_tpu_trainers.py::test_emulator_run_equals_keras_run": Moved(
         ("tests/test_tpu_equivalence.py::test_emulator_equals_keras_path",

@@ -23,11 +23,6 @@ Examples::
 from __future__ import annotations
 
 import dataclasses
-import os
-
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 import sys
 from typing import Optional, Sequence
 
